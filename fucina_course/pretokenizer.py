@@ -1,0 +1,188 @@
+"""Split text into the chunks that BPE merges never cross.
+
+Byte-level BPE does not run over a whole text: a *pretokenizer* first cuts it into word-shaped
+chunks, and merges stay inside a chunk.  Move one boundary and the ids change, so this module has a
+single bar: the same chunks as llama.cpp, for every pretokenizer it implements.
+
+How llama.cpp does it, and so how we do it
+------------------------------------------
+The Qwen2 split is a regular expression with Unicode classes (`\\p{L}` letters, `\\p{N}` numbers):
+
+    (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+
+
+llama.cpp runs it with C++ `std::regex`, which knows nothing about Unicode classes.  Its trick is to
+*collapse* the text first: every code point >= 128 is replaced by one stand-in character for its
+class (any letter -> one "letter" byte, any number -> one "number" byte, any Unicode space -> a
+vertical tab, anything else -> an "other" byte), ASCII stays as it is, and the pattern is rewritten
+over those stand-ins (`\\p{L}` becomes `[A-Za-z<letter>]`).  The match positions on the collapsed
+text are the chunk boundaries on the real text, because collapsing maps one code point to one
+character.  We do exactly that, with Python's `re` instead of `std::regex`, which gives us the same
+semantics (leftmost alternative, greedy, backtracking into the lookahead) and a C-speed scan.
+
+Consequences worth knowing, each pinned by a test:
+* `\\s` means the 25 Unicode White_Space code points (the set llama.cpp uses), not Python's `\\s`
+  (which would also accept the ASCII separators 0x1C-0x1F).
+* The case-insensitive contractions are ASCII-only (`'[sS]`, `'[lL][lL]`, ...), as in llama.cpp;
+  a real `(?i)` would also fold U+017F LATIN SMALL LETTER LONG S into `s`.
+* Letter/number classes come from Unicode 15.1 (the `unicodedata2` package pinned to 15.1.0), the
+  version of llama.cpp's own table.  Python 3.11's built-in `unicodedata` is 14.0: with it, the
+  ~5,000 CJK ideographs added in 15.0/15.1 would split differently.
+* Digits: Qwen2 takes `\\p{N}` with no quantifier, so every digit is its own chunk (Llama 3 takes up
+  to three, `\\p{N}{1,3}`; GPT-2 takes a whole run).
+
+Pretokenizers implemented (selected by the GGUF key `tokenizer.ggml.pre`): `qwen2`, `llama3`,
+`gpt2` and `smollm` (a `\\p{N}` pass, then GPT-2 on each piece).  llama.cpp runs GPT-2 and Llama 3 as
+hand-written loops instead of regexes; those loops implement the same expressions, and the parity
+tests run against them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+# Stand-ins for non-ASCII code points on the collapsed text.  C1 control characters never survive
+# collapsing (every code point >= 128 is replaced), so they cannot collide with real text.
+LETTER, NUMBER, MARK, OTHER = "\x80", "\x81", "\x82", "\x83"
+SPACE = "\x0b"  # non-ASCII white space collapses to a vertical tab, as in llama.cpp
+
+# The Unicode White_Space property (stable since Unicode 6): the only characters `\s` matches.
+WHITE_SPACE = (0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+               0x2028, 0x2029, 0x202F, 0x205F, 0x3000)
+
+# How the pattern vocabulary is spelled over collapsed text.
+_CLASSES = {
+    r"\p{L}": "A-Za-z" + LETTER,
+    r"\p{N}": "0-9" + NUMBER,
+    r"\p{M}": MARK,
+    r"\s": "\t\n\x0b\x0c\r ",
+}
+
+
+def _collapse_pattern(pattern: str) -> str:
+    """Rewrite `\\p{L}`, `\\p{N}`, `\\p{M}` and `\\s`/`\\S` for the collapsed alphabet.
+
+    Inside a bracket expression a class becomes its members; outside, a bracket of its members.
+    """
+    out, i, inside = [], 0, False
+    while i < len(pattern):
+        if pattern[i] == "[" and (i == 0 or pattern[i - 1] != "\\"):
+            inside = True
+        elif pattern[i] == "]" and pattern[i - 1] != "\\":
+            inside = False
+        for name, members in _CLASSES.items():
+            if pattern.startswith(name, i):
+                out.append(members if inside else f"[{members}]")
+                i += len(name)
+                break
+        else:
+            if pattern.startswith(r"\S", i):
+                out.append("[^" + _CLASSES[r"\s"] + "]")
+                i += 2
+            else:
+                out.append(pattern[i])
+                i += 1
+    return "".join(out)
+
+
+@lru_cache(maxsize=1)
+def collapse_table() -> np.ndarray:
+    """uint32[0x110000]: the collapsed stand-in of every code point (ASCII maps to itself).
+
+    Built once per process from Unicode 15.1 categories (~0.2 s).
+    """
+    import unicodedata2
+
+    stand_in = {"L": ord(LETTER), "N": ord(NUMBER), "M": ord(MARK)}
+    other = ord(OTHER)
+    table = np.array([stand_in.get(unicodedata2.category(chr(cp))[0], other) for cp in range(0x110000)],
+                     dtype=np.uint32)
+    table[np.array(WHITE_SPACE[6:])] = ord(SPACE)
+    table[:128] = np.arange(128, dtype=np.uint32)
+    return table
+
+
+def code_points(text: str) -> np.ndarray:
+    """The code points of `text` (lone surrogates included) as uint32."""
+    return np.frombuffer(text.encode("utf-32-le", "surrogatepass"), dtype=np.uint32)
+
+
+def collapse(text: str) -> str:
+    """Replace each non-ASCII code point by its class stand-in; same length as `text`."""
+    if text.isascii():
+        return text
+    return collapse_table()[code_points(text)].astype("<u4").tobytes().decode("utf-32-le")
+
+
+@dataclass(frozen=True)
+class Pretokenizer:
+    """An ordered list of split patterns; each pass subdivides the pieces of the previous one.
+
+    Within a piece, a pass emits every match *and every gap between matches* as pieces (the gaps
+    matter for patterns with no catch-all branch, such as GPT-2's, which has no final `\\s+`).
+    """
+
+    name: str
+    patterns: tuple[str, ...]
+    ignore_merges: bool = False  # Llama 3: a chunk that is itself a vocabulary entry is one token
+
+    @property
+    def compiled(self) -> tuple[re.Pattern, ...]:
+        return _compile(self.patterns)
+
+    def split(self, text: str) -> list[str]:
+        """The chunks of `text`, in order; they concatenate back to `text`."""
+        if not text:
+            return []
+        collapsed = collapse(text)
+        bounds = [(0, len(text))]
+        for rx in self.compiled:
+            refined = []
+            for start, end in bounds:
+                pos = start
+                for m in rx.finditer(collapsed, start, end):
+                    if m.start() > pos:
+                        refined.append((pos, m.start()))
+                    if m.end() > m.start():
+                        refined.append((m.start(), m.end()))
+                    pos = m.end()
+                if pos < end:
+                    refined.append((pos, end))
+            bounds = refined
+        return [text[a:b] for a, b in bounds]
+
+
+@lru_cache(maxsize=None)
+def _compile(patterns: tuple[str, ...]) -> tuple[re.Pattern, ...]:
+    return tuple(re.compile(_collapse_pattern(p)) for p in patterns)
+
+
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+
+QWEN2 = Pretokenizer("qwen2", (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",))
+LLAMA3 = Pretokenizer("llama3", (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    ignore_merges=True)
+GPT2 = Pretokenizer("gpt2", (_GPT2,))
+SMOLLM = Pretokenizer("smollm", (r"\p{N}", _GPT2))
+
+# `tokenizer.ggml.pre` values -> pretokenizer (the names llama.cpp maps to the same split rules).
+BY_GGUF_NAME: dict[str, Pretokenizer] = {
+    **{n: QWEN2 for n in ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "kormo")},
+    **{n: LLAMA3 for n in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                           "dbrx", "smaug-bpe")},
+    **{n: GPT2 for n in ("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "roberta-bpe",
+                         "jina-v1-en", "jina-v2-code", "exaone4")},
+    **{n: SMOLLM for n in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                           "minerva-7b")},
+}
+
+
+def for_gguf_name(pre: str | None) -> Pretokenizer | None:
+    """The pretokenizer for a `tokenizer.ggml.pre` value, or None when it is not implemented."""
+    return BY_GGUF_NAME.get(pre or "")

@@ -1,0 +1,383 @@
+"""Byte-level BPE, built from the model file's own vocabulary and merge list.
+
+The model never sees text: it sees integers below `vocab_size`.  This module turns text into those
+integers and back, exactly as llama.cpp does for the same GGUF file (the tests compare id for id).
+
+The pipeline of `encode`, in order:
+
+1. **Special markers.**  Tokens typed *control* or *user-defined* in `tokenizer.ggml.token_type`
+   (`<|im_start|>`, `<think>`, ...) are cut out of the text first, longest marker first, and become
+   one id each.  With `special=False` only the user-defined ones are cut (llama.cpp's rule: control
+   markers typed by a user are plain text).  A `<|` that opens no known marker is ordinary text.
+2. **Pretokenizer** (`pretokenizer.py`): each remaining fragment is split into word-like chunks.
+3. **BPE** on each chunk's UTF-8 bytes: start from single bytes and repeatedly fuse the adjacent
+   pair with the lowest merge rank (leftmost on ties) until no pair has a rank.
+4. **Lookup**: every surviving piece is a vocabulary entry; a piece that is not (only possible with
+   an inconsistent vocabulary) falls back to its single-byte tokens.
+
+Why "byte-level": the atoms are the 256 byte values, so no input is ever unknown.  The vocabulary is
+stored as printable strings, so GPT-2 maps each byte to a printable stand-in code point (`bytes_to_unicode`;
+a space is `Ġ`).  We translate the vocabulary and the merges back to real bytes once, at load, and
+run BPE on bytes; the mapping is a bijection, so the result is the same as merging stand-in strings.
+
+Malformed UTF-8 (only possible when `encode` is given `bytes`) is decoded the way llama.cpp decodes it:
+a byte that starts no valid sequence becomes U+FFFD, while overlong forms and surrogates are accepted
+as the code points they spell.  With that, ids match llama.cpp on malformed input too.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from . import pretokenizer as pre_mod
+from .errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+
+class TokenType(IntEnum):
+    """`tokenizer.ggml.token_type` values (llama.cpp's llama_token_type)."""
+
+    UNDEFINED = 0
+    NORMAL = 1
+    UNKNOWN = 2
+    CONTROL = 3
+    USER_DEFINED = 4
+    UNUSED = 5
+    BYTE = 6
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map.
+
+    The 188 bytes that print as themselves ('!'..'~', '¡'..'¬', '®'..'ÿ') keep their code point;
+    the other 68 (controls, space, DEL, NBSP, soft hyphen, ...) are shifted, in byte order, to
+    U+0100, U+0101, ...  So 0x20 (space) becomes U+0120 'Ġ' and 0x0A (newline) U+010A 'Ċ'.
+    """
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    mapping, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + shifted)
+            shifted += 1
+    return mapping
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+# str.translate table: stand-in character -> the character with the byte's value (then latin-1 encode)
+_UNMAP = {ord(c): b for c, b in CHAR_TO_BYTE.items()}
+
+
+def unmap_token_text(text: str) -> bytes:
+    """A vocabulary string in GPT-2 stand-in characters -> the raw bytes it represents.
+
+    A character outside the map (never seen in a real byte-level vocabulary) is kept as its UTF-8.
+    """
+    translated = text.translate(_UNMAP)
+    try:
+        return translated.encode("latin-1")
+    except UnicodeEncodeError:
+        return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode("utf-8") for c in text)
+
+
+def map_bytes(data: bytes) -> str:
+    """Raw bytes -> the GPT-2 stand-in string (how the vocabulary would spell them)."""
+    return "".join(BYTE_TO_CHAR[b] for b in data)
+
+
+def decode_utf8_like_llama(data: bytes) -> str:
+    """Decode bytes to code points the way llama.cpp's `unicode_cpts_from_utf8` does.
+
+    Valid UTF-8 takes the fast path.  Otherwise: a lead byte decides the length (0xxxxxxx 1,
+    110xxxxx 2, 1110xxxx 3, 11110xxx 4); if the continuation bytes are there the code point is taken
+    as spelled (overlong forms and surrogates included), else that one byte becomes U+FFFD.
+    """
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    out, i, n = [], 0, len(data)
+    while i < n:
+        b = data[i]
+        if b < 0x80:
+            out.append(b); i += 1; continue
+        length = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 0
+        cont = data[i + 1:i + length] if length else b""
+        if length and len(cont) == length - 1 and all(c >> 6 == 0b10 for c in cont):
+            cp = b & (0x7F >> length)
+            for c in cont:
+                cp = (cp << 6) | (c & 0x3F)
+            out.append(cp if cp <= 0x10FFFF else 0xFFFD)
+            i += length
+        else:
+            out.append(0xFFFD); i += 1
+    return "".join(map(chr, out))
+
+
+@dataclass
+class Tokenizer:
+    """A byte-level BPE tokenizer.  Build it with `from_gguf` or `from_parts`.
+
+    Attributes hold what the GGUF holds: `tokens` (vocabulary strings as stored), `token_types`,
+    `merges` ("left right" strings, rank = index), the BOS/EOS ids and the add-BOS/EOS policy.
+    """
+
+    tokens: list[str]
+    merges: list[str]
+    token_types: np.ndarray
+    pre_name: str
+    bos_id: int | None = None
+    eos_id: int | None = None
+    add_bos: bool = False
+    add_eos: bool = False
+    chat_template: str | None = None
+    eot_ids: tuple[int, ...] = ()
+    pre_mismatch: str | None = field(default=None, init=False)
+
+    def __post_init__(self):
+        pre = pre_mod.for_gguf_name(self.pre_name)
+        if pre is None:
+            # Honesty over silence: we keep going with Qwen2 rules, remember it, and say it once.
+            self.pre_mismatch = self.pre_name
+            log.warning("pretokenizer %r is not implemented; using qwen2 rules (ids may differ "
+                        "from llama.cpp)", self.pre_name)
+            pre = pre_mod.QWEN2
+        self.pretokenizer = pre
+        types = self.token_types
+        special = (types == TokenType.CONTROL) | (types == TokenType.USER_DEFINED) | (types == TokenType.UNKNOWN)
+        # Bytes each id stands for: stand-in strings for normal tokens, literal text for markers.
+        self.token_bytes: list[bytes] = []
+        for tok, kind in zip(self.tokens, types.tolist()):
+            if kind in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN):
+                self.token_bytes.append(tok.encode("utf-8"))
+            elif kind in (TokenType.NORMAL, TokenType.UNDEFINED):
+                self.token_bytes.append(unmap_token_text(tok))
+            elif kind == TokenType.BYTE:
+                self.token_bytes.append(bytes([int(tok[3:5], 16)]) if tok.startswith("<0x") else unmap_token_text(tok))
+            else:  # UNUSED padding entries spell nothing
+                self.token_bytes.append(b"")
+        # bytes -> id for BPE lookups; on a duplicate the later id wins, as in llama.cpp's map.
+        self.id_of: dict[bytes, int] = {
+            b: i for i, (b, is_special) in enumerate(zip(self.token_bytes, special.tolist())) if b and not is_special}
+        self.byte_id = [self.id_of.get(bytes([b])) for b in range(256)]
+        self.ranks: dict[tuple[bytes, bytes], int] = {}
+        for rank, merge in enumerate(self.merges):
+            space = merge.find(" ", 1)
+            if space < 0:
+                continue
+            pair = (unmap_token_text(merge[:space]), unmap_token_text(merge[space + 1:]))
+            self.ranks.setdefault(pair, rank)
+        # Markers, longest first (ties by id, for determinism).
+        order = sorted(np.flatnonzero(special).tolist(), key=lambda i: (-len(self.token_bytes[i]), i))
+        self.special_markers = [(self.token_bytes[i], i, int(types[i])) for i in order if self.token_bytes[i]]
+        self._cache: dict[bytes, tuple[int, ...]] = {}
+
+    # --- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_gguf(cls, gguf) -> "Tokenizer":
+        """Build from an open `GGUFFile` (only the `tokenizer.*` keys are read; no weights)."""
+        path = gguf.path
+        if not gguf.has("tokenizer.ggml.tokens"):
+            raise TokenizerError(f"{path}: the file has no tokenizer (metadata key 'tokenizer.ggml.tokens' is missing)")
+        model = gguf.get_str("tokenizer.ggml.model", "")
+        if model != "gpt2":
+            raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+        if not gguf.has("tokenizer.ggml.merges"):
+            raise TokenizerError(f"{path}: the BPE tokenizer has no merges ('tokenizer.ggml.merges' is missing)")
+        tokens = [t.decode("utf-8", errors="replace") for t in gguf.get_strings("tokenizer.ggml.tokens")]
+        merges = [m.decode("utf-8", errors="replace") for m in gguf.get_strings("tokenizer.ggml.merges")]
+        types = (np.asarray(gguf.get_array("tokenizer.ggml.token_type"), dtype=np.int32)
+                 if gguf.has("tokenizer.ggml.token_type") else None)
+        def opt_id(key):
+            return gguf.get_int(key) if gguf.has(key) else None
+        eot = [i for i in (opt_id("tokenizer.ggml.eos_token_id"), opt_id("tokenizer.ggml.eot_token_id")) if i is not None]
+        return cls.from_parts(
+            tokens, merges, types, pre=gguf.get_str("tokenizer.ggml.pre", "default"),
+            bos_id=opt_id("tokenizer.ggml.bos_token_id"), eos_id=opt_id("tokenizer.ggml.eos_token_id"),
+            add_bos=gguf.get_bool("tokenizer.ggml.add_bos_token", False) if gguf.has("tokenizer.ggml.add_bos_token") else None,
+            add_eos=gguf.get_bool("tokenizer.ggml.add_eos_token", False) if gguf.has("tokenizer.ggml.add_eos_token") else None,
+            chat_template=gguf.get_str("tokenizer.chat_template") if gguf.has("tokenizer.chat_template") else None,
+            eot_ids=tuple(dict.fromkeys(eot)))
+
+    @classmethod
+    def from_parts(cls, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None = None,
+                   *, pre: str = "qwen2", bos_id: int | None = None, eos_id: int | None = None,
+                   add_bos: bool | None = None, add_eos: bool | None = None, chat_template: str | None = None,
+                   eot_ids: Iterable[int] = ()) -> "Tokenizer":
+        """Build from plain lists.  Without `token_types`, `<|...|>` entries are the control markers."""
+        tokens = list(tokens)
+        if token_types is None:
+            token_types = [TokenType.CONTROL if t.startswith("<|") and t.endswith("|>") and len(t) > 4
+                           else TokenType.NORMAL for t in tokens]
+        types = np.asarray(token_types, dtype=np.int32)
+        if len(types) != len(tokens):
+            raise TokenizerError(f"{len(tokens)} tokens but {len(types)} token types")
+        pre_rules = pre_mod.for_gguf_name(pre)
+        if add_bos is None:  # llama.cpp's default: Llama 3 style vocabularies add BOS
+            add_bos = pre_rules is not None and pre_rules.ignore_merges
+        return cls(tokens=tokens, merges=list(merges), token_types=types, pre_name=pre, bos_id=bos_id,
+                   eos_id=eos_id, add_bos=bool(add_bos), add_eos=bool(add_eos), chat_template=chat_template,
+                   eot_ids=tuple(eot_ids) or ((eos_id,) if eos_id is not None else ()))
+
+    # --- encoding -------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokens)
+
+    def encode(self, text: str | bytes, *, special: bool = True) -> list[int]:
+        """Text -> ids, with the model's BOS/EOS policy applied (for plain prompts)."""
+        ids = self.encode_raw(text, special=special)
+        if self.add_bos and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        if self.add_eos and self.eos_id is not None:
+            ids.append(self.eos_id)
+        return ids
+
+    def encode_raw(self, text: str | bytes, *, special: bool = True) -> list[int]:
+        """Text -> ids with no BOS/EOS: chat templates own every structural token themselves."""
+        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        ids: list[int] = []
+        for piece in self._partition(data, special):
+            if isinstance(piece, int):
+                ids.append(piece)
+            else:
+                for chunk in self.pretokenizer.split(decode_utf8_like_llama(piece)):
+                    ids.extend(self._encode_chunk(chunk.encode("utf-8", "surrogatepass")))
+        return ids
+
+    def _partition(self, data: bytes, special: bool) -> list[bytes | int]:
+        """Cut marker texts out of `data`: a list of raw byte fragments and marker ids.
+
+        Same order as llama.cpp's `tokenizer_st_partition`: for each marker (longest first), every
+        still-raw fragment is split at each occurrence.
+        """
+        pieces: list[bytes | int] = [data] if data else []
+        for text, tid, kind in self.special_markers:
+            if not special and kind != TokenType.USER_DEFINED:
+                continue
+            out: list[bytes | int] = []
+            for piece in pieces:
+                if isinstance(piece, int) or text not in piece:
+                    out.append(piece)
+                    continue
+                parts = piece.split(text)
+                for k, part in enumerate(parts):
+                    if k:
+                        out.append(tid)
+                    if part:
+                        out.append(part)
+            pieces = out
+        return pieces
+
+    def _encode_chunk(self, chunk: bytes) -> tuple[int, ...]:
+        cached = self._cache.get(chunk)
+        if cached is not None:
+            return cached
+        if self.pretokenizer.ignore_merges and chunk in self.id_of:
+            ids: tuple[int, ...] = (self.id_of[chunk],)
+        else:
+            ids = tuple(self._ids_of_parts(self.bpe(chunk)))
+        if len(self._cache) > 200_000:
+            self._cache.clear()
+        self._cache[chunk] = ids
+        return ids
+
+    def bpe(self, chunk: bytes) -> list[bytes]:
+        """Merge the bytes of one chunk: lowest rank first, leftmost among equal ranks.
+
+        Kept small on purpose: `rank_of[i]` is the rank of the pair (parts[i], parts[i+1]); after a
+        merge only the two neighbouring pairs change, and `min` + `index` find the next merge in C.
+        """
+        parts = [chunk[i:i + 1] for i in range(len(chunk))]
+        ranks = self.ranks
+        none = len(self.merges) + 1  # "no merge": larger than every rank
+        rank_of = [ranks.get((a, b), none) for a, b in zip(parts, parts[1:])]
+        while rank_of:
+            best = min(rank_of)
+            if best == none:
+                break
+            i = rank_of.index(best)
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            del rank_of[i]
+            if i > 0:
+                rank_of[i - 1] = ranks.get((parts[i - 1], parts[i]), none)
+            if i < len(rank_of):
+                rank_of[i] = ranks.get((parts[i], parts[i + 1]), none)
+        return parts
+
+    def _ids_of_parts(self, parts: list[bytes]) -> Iterable[int]:
+        for p in parts:
+            tid = self.id_of.get(p)
+            if tid is not None:
+                yield tid
+            else:  # a merge result missing from the vocabulary: spell it with byte tokens
+                yield from (self.byte_id[b] for b in p if self.byte_id[b] is not None)
+
+    # --- decoding -------------------------------------------------------------------------------
+
+    def _check(self, tid: int) -> int:
+        if not 0 <= tid < len(self.token_bytes):
+            raise TokenizerError(f"token id {tid} is outside the vocabulary (size {len(self.token_bytes)})")
+        return tid
+
+    def token_to_bytes(self, tid: int) -> bytes:
+        return self.token_bytes[self._check(int(tid))]
+
+    def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
+        """Ids -> the exact bytes they spell (markers included unless `skip_special`)."""
+        types = self.token_types
+        return b"".join(self.token_bytes[self._check(int(t))] for t in ids
+                        if not (skip_special and types[int(t)] in (TokenType.CONTROL, TokenType.UNKNOWN)))
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Ids -> text.  Bytes that are not valid UTF-8 show as U+FFFD."""
+        return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
+
+    def is_special(self, tid: int) -> bool:
+        return int(self.token_types[self._check(int(tid))]) in (TokenType.CONTROL, TokenType.USER_DEFINED)
+
+    def token_id(self, text: str) -> int:
+        """The id of a marker or vocabulary entry spelled `text` (e.g. '<|im_end|>')."""
+        raw = text.encode("utf-8")
+        for marker, tid, _ in self.special_markers:
+            if marker == raw:
+                return tid
+        if raw in self.id_of:
+            return self.id_of[raw]
+        raise TokenizerError(f"{text!r} is not a single token of this vocabulary")
+
+    def stream(self, *, skip_special: bool = False) -> "StreamDecoder":
+        return StreamDecoder(self, skip_special=skip_special)
+
+
+class StreamDecoder:
+    """Decode one id at a time and emit only complete UTF-8.
+
+    A token can end in the middle of a multi-byte character (an emoji is often 2-3 tokens): the
+    incomplete tail is held back until the next token completes it, so a terminal never shows
+    half a character.  `flush()` releases whatever is left at the end of the stream.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, tid: int) -> str:
+        """Add one id; return the text that is now complete (possibly '')."""
+        return self._decoder.decode(self.tokenizer.decode_bytes([tid], skip_special=self.skip_special))
+
+    def flush(self) -> str:
+        """End of stream: return the held-back tail (an incomplete character becomes U+FFFD)."""
+        return self._decoder.decode(b"", final=True)
