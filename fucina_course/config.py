@@ -62,6 +62,7 @@ class Config:
         if heads % kv_heads:
             raise MetadataError(f"{gguf.path}: {heads} query heads cannot be grouped over {kv_heads} KV heads")
         moe = arch == "qwen3moe"
+        layers = gguf.get_int(key("block_count"), positive=True)
         if gguf.has(key("vocab_size")):
             vocab = gguf.get_int(key("vocab_size"), positive=True)
         elif "token_embd.weight" in gguf.tensors:
@@ -73,7 +74,7 @@ class Config:
             vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=gguf.get_int(key("feed_forward_length"), 0 if moe else None, positive=not moe),
-            num_layers=gguf.get_int(key("block_count"), positive=True),
+            num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,

@@ -72,6 +72,10 @@ class _LazyStringParts(Sequence):
         return self._data[start - 8:start].view(np.uint64)
 
 
+class _Truncated(Exception):
+    pass
+
+
 class _FastArrayReader(GGUFReader):
     """`GGUFReader` with O(1)-views-per-array parsing of metadata arrays (see module docstring)."""
 
@@ -108,6 +112,25 @@ class _FastArrayReader(GGUFReader):
             raise ValueError("array runs past the end of the file")
         offs += int(values.nbytes)
         return offs - orig_offs, [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        # Every read of the container goes through here: a read past the end is truncation.
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _Truncated("its metadata runs past the end of the file")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        # Check every tensor's extent first: the base class would fail on a short file with a
+        # reshape error that says nothing about truncation.
+        for field in fields:
+            _len, name, _nd, dims, raw_dtype, offset = field.parts
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
+            end = start_offs + int(offset[0]) + int(np.prod(dims)) * type_size // block
+            if end > len(self.data):
+                raise _Truncated(f"tensor {bytes(name).decode(errors='replace')!r} ends at byte {end:,}, "
+                                 f"the file has {len(self.data):,}")
+        super()._build_tensors(start_offs, fields)
 
     def _build_fields(self, offs: int, count: int) -> int:
         # Same walk as GGUFReader._build_fields, except that a lazy string-array part list is kept
@@ -167,17 +190,17 @@ class GGUFFile:
         _check_path(self.path)
         try:
             self._reader = _FastArrayReader(self.path, "r")
-        except (ValueError, IndexError, KeyError, OverflowError, struct.error) as e:
-            raise ModelFileError(f"{self.path}: truncated or corrupt GGUF file ({e})") from None
+        except _Truncated as e:
+            raise ModelFileError(f"{self.path}: truncated GGUF file ({e})") from None
+        except struct.error:
+            raise ModelFileError(f"{self.path}: truncated GGUF file (its metadata runs past the end of the file)") from None
+        except (ValueError, KeyError, OverflowError, IndexError) as e:
+            raise ModelFileError(f"{self.path}: corrupt GGUF file ({e})") from None
         self.size = self.path.stat().st_size
         self.fields = self._reader.fields
         self.tensors: dict[str, TensorInfo] = {}
         for t in self._reader.tensors:
             end = t.data_offset + t.n_bytes
-            if end > self.size:
-                raise ModelFileError(
-                    f"{self.path}: truncated GGUF file (tensor {t.name!r} ends at byte {end:,}, "
-                    f"the file has {self.size:,})")
             raw = self._reader.data[t.data_offset:end]
             self.tensors[t.name] = TensorInfo(
                 name=t.name, ggml_type=GGMLQuantizationType(int(t.tensor_type)),

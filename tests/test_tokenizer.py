@@ -1,0 +1,196 @@
+"""Behaviour of the tokenizer's pieces, pinned one rule at a time (parity with llama.cpp on whole
+strings lives in test_tokenizer_parity.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import regex
+
+from conftest import tokenizer_for
+from fucina_course import Tokenizer, TokenizerError, TokenType
+from fucina_course import pretokenizer as pre
+from fucina_course.tokenizer import BYTE_TO_CHAR, CHAR_TO_BYTE, decode_utf8_like_llama, map_bytes, unmap_token_text
+from tokenizer_cases import random_strings
+
+
+@pytest.fixture(scope="module")
+def qwen(qwen3_vocab_path):
+    return tokenizer_for(qwen3_vocab_path)
+
+
+# --- the GPT-2 byte map ------------------------------------------------------------------------------
+
+def test_byte_map_round_trips_all_256_bytes():
+    assert len(set(BYTE_TO_CHAR.values())) == 256
+    assert all(CHAR_TO_BYTE[BYTE_TO_CHAR[b]] == b for b in range(256))
+    assert BYTE_TO_CHAR[0x20] == "Ġ" and BYTE_TO_CHAR[0x0A] == "Ċ" and BYTE_TO_CHAR[ord("A")] == "A"
+    everything = bytes(range(256))
+    assert unmap_token_text(map_bytes(everything)) == everything
+
+
+# --- the Qwen2 pretokenizer rules ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("text,chunks", [
+    ("1234567", ["1", "2", "3", "4", "5", "6", "7"]),               # \p{N} has no quantifier
+    ("3.14", ["3", ".", "1", "4"]),
+    ("١٢٣", ["١", "٢", "٣"]),                                       # Arabic-Indic digits are \p{N}
+    ("Hello!\n\nWorld", ["Hello", "!\n\n", "World"]),               # punctuation absorbs newlines
+    ("hello     world", ["hello", "    ", " world"]),               # the run donates its last space
+    ("I'LL go", ["I", "'LL", " go"]),                               # contractions in any case
+    ("l'\u017fa", ["l", "'\u017fa"]),                               # ...but ASCII-only folding
+    ("a\r\n\r\nb", ["a", "\r\n\r\n", "b"]),
+    ("x  \n  y", ["x", "  \n", " ", " y"]),
+    ("I'll pay 42 euros!\n", ["I", "'ll", " pay", " ", "4", "2", " euros", "!\n"]),
+])
+def test_qwen2_chunks(text, chunks):
+    assert pre.QWEN2.split(text) == chunks
+
+
+def test_llama3_groups_digits_by_three_and_gpt2_takes_runs():
+    assert pre.LLAMA3.split("1234567") == ["123", "456", "7"]
+    assert pre.GPT2.split("abc 1234567") == ["abc", " 1234567"]
+    assert pre.SMOLLM.split("a 12") == ["a", " ", "1", "2"]
+
+
+def test_whitespace_is_unicode_white_space_not_python_isspace():
+    # 0x1C..0x1F are whitespace to Python's str.isspace, but not to llama.cpp (nor Unicode).
+    assert pre.QWEN2.split("a\x1c b") == ["a", "\x1c", " b"]
+    assert pre.QWEN2.split("a\u3000\u3000b") == ["a", "\u3000", "\u3000b"]
+
+
+UPSTREAM_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def test_collapse_trick_agrees_with_an_independent_regex_engine():
+    """The upstream pattern, run by the `regex` module on the real text (no collapsing), gives the
+    same chunks, except where the two intentionally differ (0x1C-0x1F and U+017F, excluded here)."""
+    rx = regex.compile(UPSTREAM_QWEN2)
+    checked = 0
+    for text in random_strings(3000, seed=99):
+        if any(c in text for c in "\x1c\x1d\x1e\x1f\u017f"):
+            continue
+        assert pre.QWEN2.split(text) == rx.findall(text), repr(text)
+        checked += 1
+    assert checked > 2500
+
+
+def test_collapse_keeps_length_and_classes():
+    text = "aé日1١ \u3000😀"
+    c = pre.collapse(text)
+    assert len(c) == len(text)
+    assert c == "a" + pre.LETTER + pre.LETTER + "1" + pre.NUMBER + " " + pre.SPACE + pre.OTHER
+
+
+# --- special markers ---------------------------------------------------------------------------------
+
+def test_markers_are_single_ids(qwen):
+    im_end = qwen.token_id("<|im_end|>")
+    assert qwen.encode_raw("<|im_end|>") == [im_end] == [151645]
+    assert qwen.encode_raw("<|im_start|><|im_end|>") == [151644, 151645]
+    # with special=False a control marker is plain text...
+    assert len(qwen.encode_raw("<|im_end|>", special=False)) > 1
+    # ...but a user-defined one (<think>) is still cut out, as llama.cpp does
+    assert qwen.encode_raw("<think>", special=False) == [151667]
+
+
+def test_broken_markers_are_text(qwen):
+    for text in ["<|im_", "<|im_start", "<|unknown|>", "<||>"]:
+        ids = qwen.encode_raw(text)
+        assert not any(qwen.is_special(i) for i in ids), text
+        assert qwen.decode(ids) == text
+
+
+def test_without_token_types_angle_bar_entries_are_markers():
+    tok = Tokenizer.from_parts(["<|im_end|>", "h", "i", "hi", "<", "|"], ["h i"], pre="qwen2")
+    assert tok.encode_raw("hi<|im_end|>") == [3, 0]
+    assert tok.decode([3, 0]) == "hi<|im_end|>"
+    assert tok.encode_raw("<|") == [4, 5]
+
+
+def test_merge_result_missing_from_vocab_falls_back_to_bytes():
+    tok = Tokenizer.from_parts(["a", "b", "c"], ["a b"], [TokenType.NORMAL] * 3, pre="qwen2")
+    assert tok.bpe(b"abc") == [b"ab", b"c"]
+    assert tok.encode_raw("abc") == [0, 1, 2]
+
+
+def test_bpe_merges_lowest_rank_first_leftmost_on_ties():
+    toks = ["a", "b", "ab", "aa", "aaa"]
+    tok = Tokenizer.from_parts(toks, ["a b", "a a", "aa a"], [TokenType.NORMAL] * 5, pre="gpt2")
+    assert tok.bpe(b"aab") == [b"a", b"ab"]       # "a b" (rank 0) beats "a a" (rank 1)
+    # leftmost "a a" first; then the remaining "a a" (rank 1) beats "aa a" (rank 2)
+    assert tok.bpe(b"aaaa") == [b"aa", b"aa"]
+    assert tok.bpe(b"aaa") == [b"aaa"]
+
+
+def test_unknown_pretokenizer_warns_once_and_uses_qwen2(caplog):
+    with caplog.at_level(logging.WARNING):
+        tok = Tokenizer.from_parts(["a", "1", "2"], [], pre="some-new-model")
+    assert tok.pre_mismatch == "some-new-model"
+    assert tok.pretokenizer is pre.QWEN2
+    assert sum("some-new-model" in r.message for r in caplog.records) == 1
+
+
+def test_bos_policy():
+    qwen_like = Tokenizer.from_parts(["a", "<|endoftext|>"], [], pre="qwen2", bos_id=1, eos_id=1)
+    assert qwen_like.encode("a") == [0]
+    llama3_like = Tokenizer.from_parts(["a", "<|begin_of_text|>"], [], pre="llama3", bos_id=1)
+    assert llama3_like.add_bos and llama3_like.encode("a") == [1, 0]
+    assert llama3_like.encode_raw("a") == [0]
+
+
+# --- decoding and streaming --------------------------------------------------------------------------
+
+def test_stream_decoder_never_emits_half_a_character(qwen):
+    text = "Party 🫠🪩 time 👨‍👩‍👧 ok"
+    ids = qwen.encode_raw(text)
+    assert len(ids) > len(qwen.pretokenizer.split(text))  # some character spans several ids
+    naive = [qwen.decode([i]) for i in ids]
+    assert any("\ufffd" in piece for piece in naive)       # the problem is real...
+    stream = qwen.stream()
+    pieces = [stream.push(i) for i in ids] + [stream.flush()]
+    assert all("\ufffd" not in p for p in pieces)         # ...and the stream solves it
+    assert "".join(pieces) == text
+
+
+def test_stream_flush_releases_an_incomplete_tail(qwen):
+    ids = qwen.encode_raw("ok 🫠")
+    assert len(qwen.decode_bytes(ids[-1:])) < 4   # the emoji's 4 bytes span several ids
+    ids = ids[:-1]                                # so dropping the last one cuts it short
+    stream = qwen.stream()
+    out = "".join(stream.push(i) for i in ids)
+    assert out == "ok "
+    assert stream.flush() == "\ufffd"
+
+
+def test_decode_rejects_ids_outside_the_vocabulary(qwen):
+    with pytest.raises(TokenizerError):
+        qwen.decode([qwen.vocab_size])
+    with pytest.raises(TokenizerError):
+        qwen.decode([-1])
+
+
+def test_skip_special(qwen):
+    ids = qwen.encode_raw("<|im_start|>hi<|im_end|>")
+    assert qwen.decode(ids, skip_special=True) == "hi"
+
+
+def test_lenient_utf8_decoding_matches_llama_rules():
+    assert decode_utf8_like_llama(b"a\xffb") == "a\ufffdb"
+    assert decode_utf8_like_llama(b"\xc0\x80") == "\x00"            # overlong NUL accepted as U+0000
+    assert decode_utf8_like_llama(b"\xed\xa0\x80") == "\ud800"      # a surrogate, as spelled
+    assert decode_utf8_like_llama(b"\xe4\xb8") == "\ufffd\ufffd"    # truncated: one U+FFFD per byte
+
+
+def test_encode_speed_is_linear_enough(qwen):
+    """A sanity bound, not a benchmark: 50k characters of mixed text must not take quadratic time."""
+    import time
+
+    text = " ".join(random_strings(2000, seed=5))
+    t = time.perf_counter()
+    ids = qwen.encode_raw(text)
+    assert time.perf_counter() - t < 10.0 and len(ids) > 10_000
+    assert np.all(np.asarray(ids) < qwen.vocab_size)
