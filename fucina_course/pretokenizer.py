@@ -4,20 +4,24 @@ Byte-level BPE does not run over a whole text: a *pretokenizer* first cuts it in
 chunks, and merges stay inside a chunk.  Move one boundary and the ids change, so this module has a
 single bar: the same chunks as llama.cpp, for every pretokenizer it implements.
 
-How llama.cpp does it, and so how we do it
-------------------------------------------
+How we run it: the collapse trick
+---------------------------------
 The Qwen2 split is a regular expression with Unicode classes (`\\p{L}` letters, `\\p{N}` numbers):
 
     (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+
 
-llama.cpp runs it with C++ `std::regex`, which knows nothing about Unicode classes.  Its trick is to
-*collapse* the text first: every code point >= 128 is replaced by one stand-in character for its
-class (any letter -> one "letter" byte, any number -> one "number" byte, any Unicode space -> a
-vertical tab, anything else -> an "other" byte), ASCII stays as it is, and the pattern is rewritten
-over those stand-ins (`\\p{L}` becomes `[A-Za-z<letter>]`).  The match positions on the collapsed
-text are the chunk boundaries on the real text, because collapsing maps one code point to one
-character.  We do exactly that, with Python's `re` instead of `std::regex`, which gives us the same
-semantics (leftmost alternative, greedy, backtracking into the lookahead) and a C-speed scan.
+Python's built-in `re` knows no `\\p{...}` classes.  We borrow the trick llama.cpp uses for patterns
+it has no hand-written scanner for (C++ `std::regex` knows no Unicode classes either): *collapse* the
+text first.  Every code point >= 128 is replaced by one stand-in character for its class (any letter
+-> one "letter" character, any number -> one "number" character, any Unicode space -> a vertical
+tab, anything else -> an "other" character), ASCII stays as it is, and the pattern is rewritten over
+those stand-ins (`\\p{L}` becomes `[A-Za-z<letter>]`).  Collapsing maps one code point to one
+character, so match positions on the collapsed text are chunk boundaries on the real text, and
+`re` scans at C speed.
+
+For Qwen2, GPT-2 and Llama 3 the llama.cpp version we test against (llama-cpp-python 0.3.36) runs
+hand-written code-point loops that implement the same expressions; the parity tests compare our
+chunks (through the final ids) with those loops on thousands of strings.
 
 Consequences worth knowing, each pinned by a test:
 * `\\s` means the 25 Unicode White_Space code points (the set llama.cpp uses), not Python's `\\s`
@@ -31,9 +35,7 @@ Consequences worth knowing, each pinned by a test:
   to three, `\\p{N}{1,3}`; GPT-2 takes a whole run).
 
 Pretokenizers implemented (selected by the GGUF key `tokenizer.ggml.pre`): `qwen2`, `llama3`,
-`gpt2` and `smollm` (a `\\p{N}` pass, then GPT-2 on each piece).  llama.cpp runs GPT-2 and Llama 3 as
-hand-written loops instead of regexes; those loops implement the same expressions, and the parity
-tests run against them.
+`gpt2` and `smollm` (a `\\p{N}` pass, then GPT-2 on each piece).
 """
 
 from __future__ import annotations
