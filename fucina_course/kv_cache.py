@@ -1,0 +1,121 @@
+"""The KV cache: remember every past token's keys and values instead of recomputing them.
+
+A token's K and V rows never change once computed: the causal mask stops later tokens from
+influencing them, and RoPE rotates a key by its own absolute position only.  So each layer keeps
+the K and V rows of every position seen so far, and a decode step computes projections for its one
+new token and attends over the stored prefix.
+
+Layout.  Per layer, K and V are preallocated `[capacity, kv_heads, head_dim]` arrays, float16 by
+default (llama.cpp's default cache type; half the bytes of float32, widened to float32 when read).
+K is stored *after* RoPE, so past positions are never re-rotated.  The active prefix is rows
+`0 .. len-1`; nothing else is ever read.
+
+Write contract (what makes a model port correct):
+1. `append_layer(layer, k, v)` writes the step's rows at `len` and does NOT advance: every layer of
+   the step appends at the same base offset.
+2. `advance(n)` runs once per step, after the last layer.
+3. `truncate(keep)` rewinds: because every reader and writer addresses rows through `len`, lowering
+   `len` is the whole operation (the stale rows beyond it are overwritten by the next append).
+
+q8_0 mode stores each (position, head) row as head_dim/32 blocks of 32 int8 values sharing one
+float16 scale (34 bytes per 32 values instead of 64): a capacity lever, not a speed lever (the
+reference chapter measured no decode gain from it).  It needs head_dim % 32 == 0, so a block never
+straddles two positions and `truncate` stays one line.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import FucinaError, KvCacheHeadDimNotBlockAligned, KvCacheOverflow
+
+CACHE_TYPES = ("f16", "q8_0")
+Q8_BLOCK = 32
+
+
+def quantize_q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 `[..., d]` -> (int8 `[..., d]`, float16 scales `[..., d/32]`), ggml's q8_0 rule:
+    scale = max|x| / 127 per block, values rounded half-to-even (the x86 kernels' rounding)."""
+    blocks = x.reshape(*x.shape[:-1], -1, Q8_BLOCK)                               # [..., d/32, 32]
+    amax = np.max(np.abs(blocks), axis=-1)                                         # [..., d/32]
+    d = (amax / np.float32(127)).astype(np.float32)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
+    q = np.rint(blocks * inv[..., None]).astype(np.int8)
+    return q.reshape(x.shape), d.astype(np.float16)
+
+
+class KvCache:
+    """Per-layer K/V storage for one sequence (see the module docstring for the contract)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
+                 cache_type: str = "f16"):
+        if cache_type not in CACHE_TYPES:
+            raise FucinaError(f"unknown cache type {cache_type!r} (use one of {', '.join(CACHE_TYPES)})")
+        if cache_type == "q8_0" and head_dim % Q8_BLOCK:
+            raise KvCacheHeadDimNotBlockAligned(
+                f"a q8_0 KV cache needs head_dim to be a multiple of {Q8_BLOCK}; this model has {head_dim}")
+        if capacity <= 0:
+            raise FucinaError(f"KV cache capacity must be positive, got {capacity}")
+        self.cache_type, self.capacity, self.len = cache_type, capacity, 0
+        shape = (capacity, num_kv_heads, head_dim)
+        if cache_type == "f16":
+            self.k = [np.zeros(shape, np.float16) for _ in range(num_layers)]
+            self.v = [np.zeros(shape, np.float16) for _ in range(num_layers)]
+        else:
+            sshape = (capacity, num_kv_heads, head_dim // Q8_BLOCK)
+            self.k = [np.zeros(shape, np.int8) for _ in range(num_layers)]
+            self.v = [np.zeros(shape, np.int8) for _ in range(num_layers)]
+            self.k_scale = [np.zeros(sshape, np.float16) for _ in range(num_layers)]
+            self.v_scale = [np.zeros(sshape, np.float16) for _ in range(num_layers)]
+
+    @classmethod
+    def for_config(cls, config, capacity: int, cache_type: str = "f16") -> "KvCache":
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, capacity, cache_type)
+
+    @property
+    def remaining(self) -> int:
+        return self.capacity - self.len
+
+    @property
+    def nbytes(self) -> int:
+        arrays = self.k + self.v + (self.k_scale + self.v_scale if self.cache_type == "q8_0" else [])
+        return sum(a.nbytes for a in arrays)
+
+    def check_room(self, n: int) -> None:
+        if self.len + n > self.capacity:
+            raise KvCacheOverflow(
+                f"KV cache overflow: {self.len} positions used + {n} new > capacity {self.capacity}")
+
+    def append_layer(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
+        """Write `[n, kv_heads, head_dim]` rows at positions len .. len+n-1 (does not advance)."""
+        n = k.shape[0]
+        self.check_room(n)
+        rows = slice(self.len, self.len + n)
+        if self.cache_type == "f16":
+            self.k[layer][rows] = k
+            self.v[layer][rows] = v
+        else:
+            self.k[layer][rows], self.k_scale[layer][rows] = quantize_q8_0_rows(k)
+            self.v[layer][rows], self.v_scale[layer][rows] = quantize_q8_0_rows(v)
+
+    def layer_kv(self, layer: int, upto: int) -> tuple[np.ndarray, np.ndarray]:
+        """K and V for positions 0 .. upto-1 as float32 `[upto, kv_heads, head_dim]`."""
+        if self.cache_type == "f16":
+            return self.k[layer][:upto].astype(np.float32), self.v[layer][:upto].astype(np.float32)
+        return (_dequant_q8(self.k[layer][:upto], self.k_scale[layer][:upto]),
+                _dequant_q8(self.v[layer][:upto], self.v_scale[layer][:upto]))
+
+    def advance(self, n: int) -> None:
+        """Commit a step's n positions; call once, after every layer has appended."""
+        self.check_room(n)
+        self.len += n
+
+    def truncate(self, keep: int) -> None:
+        """Rewind to the first `keep` positions (a no-op if the cache is already shorter)."""
+        if keep < self.len:
+            self.len = max(0, keep)
+
+
+def _dequant_q8(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    blocks = q.reshape(*q.shape[:-1], -1, Q8_BLOCK).astype(np.float32)             # [.., d/32, 32]
+    return (blocks * scale.astype(np.float32)[..., None]).reshape(q.shape)

@@ -1,0 +1,189 @@
+"""Quantize the activations once per matrix product, the way llama.cpp does on this CPU.
+
+Before ggml multiplies a weight matrix of format W by activations, it converts the activation rows
+to W's `vec_dot_type` (formats.VEC_DOT_TYPE) and then only does integer dot products per block.
+Matching llama.cpp's numbers therefore starts here, and the rounding rules matter:
+
+| vec_dot_type | block | scale | rounding of x * (1/scale) | extra |
+|---|---|---|---|---|
+| Q8_0 (for Q8_0, Q4_0, Q5_0) | 32 | d = amax/127, stored as f16 | `id = 127/amax`, round half to **even** | |
+| Q8_1 (for Q4_1, Q5_1) | 32 | as Q8_0 | as Q8_0 | `s = f16(d * sum(q))`, d unrounded |
+| Q8_K (for Q4_K, Q5_K, Q6_K) | 256 | d = 1/iscale, f32; `iscale = -127/max` where max is the signed value of largest magnitude | `nearest_int(iscale * x)` (half to even), then `min(127, .)` | sums of q per 16 (we keep per 32) |
+| F16 / BF16 | - | - | x rounded to nearest even half / bfloat16 | |
+
+The Q8_0/Q8_1 rows follow ggml's **x86 AVX path** (`ggml-cpu/arch/x86/quants.c`: `127/amax` and
+`_mm256_round_ps(_MM_ROUND_NEAREST)`), which is what llama.cpp runs here.  It differs from ggml's
+portable reference (`quantize_row_q8_0_ref`: `1/d` and `roundf`, half away from zero) -- and from
+gguf-py, which copies the reference -- in a handful of quants per million (ties, and one-ulp
+differences between `127/amax` and `1/(amax/127)`).  `reference=True` selects the portable rules;
+tests check that variant bit-exact against `gguf.quants.quantize` and the default bit-exact against
+llama.cpp's own `quantize_row_q8_0` when llama-cpp-python is installed.
+
+Outputs are float32 arrays holding small integers (`q`): the kernels multiply them as floats, and a
+product of two such integers is exact in float32.  Scales come back as float32 already rounded
+through f16 where ggml stores an f16.
+
+`fake_quant(X, vec_dot_type)` returns `q * d` as float32 -- exact in float32 for Q8_0/Q8_1 (8-bit
+times 11-bit) and within one rounding for Q8_K -- which is what lets the prefill path use BLAS on
+float32 data and still compute the numbers the integer kernels compute (see prefill.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from numba import njit
+
+from ._intrinsics import f16_to_f32, f32_to_f16_bits
+
+_F0 = np.float32(0.0)
+_F127 = np.float32(127.0)
+_FM127 = np.float32(-127.0)
+_F1 = np.float32(1.0)
+
+
+@njit(inline="always")
+def _round_f16(v):
+    return f16_to_f32(f32_to_f16_bits(v))
+
+
+@njit(cache=True)
+def _quant_q8_0_rows(x, q, d16, s16, with_sum, reference):
+    """x f32[m, n] -> q f32[m, n] (integers -127..127), d16 f32[m, n/32]; s16 f32[m, n/32] if with_sum."""
+    m, n = x.shape
+    nb = n // 32
+    for t in range(m):
+        for b in range(nb):
+            amax = _F0
+            for j in range(32):
+                v = abs(x[t, b * 32 + j])
+                if v > amax:
+                    amax = v
+            d = amax / _F127
+            if reference:  # ggml quantize_row_q8_0_ref / gguf-py: id = 1/d, round half away from zero
+                idd = _F1 / d if d != _F0 else _F0
+            else:  # ggml x86 AVX path: id = 127/amax, round half to even
+                idd = _F127 / amax if amax != _F0 else _F0
+            total = 0
+            for j in range(32):
+                v = x[t, b * 32 + j] * idd
+                if reference:  # roundf: half away from zero (floor(2*frac) is exact, unlike +0.5)
+                    a = abs(v)
+                    r = np.floor(a)
+                    r = r + np.floor(np.float32(2.0) * (a - r))
+                    if v < _F0:
+                        r = -r
+                else:
+                    r = np.rint(v)
+                q[t, b * 32 + j] = r
+                total += np.int64(r)
+            d16[t, b] = _round_f16(d)
+            if with_sum:
+                s16[t, b] = _round_f16(d * np.float32(total))
+
+
+@njit(cache=True)
+def _quant_q8_k_rows(x, q, d, bsum32):
+    """x f32[m, n] -> q f32[m, n], d f32[m, n/256], bsum32 int32[m, n/32] (sum of q per 32)."""
+    m, n = x.shape
+    nsb = n // 256
+    for t in range(m):
+        for b in range(nsb):
+            amax = _F0
+            mx = _F0
+            for j in range(256):
+                v = x[t, b * 256 + j]
+                if abs(v) > amax:
+                    amax = abs(v)
+                    mx = v
+            if amax == _F0:
+                d[t, b] = _F0
+                for j in range(256):
+                    q[t, b * 256 + j] = _F0
+                for j in range(8):
+                    bsum32[t, b * 8 + j] = 0
+                continue
+            iscale = _FM127 / mx
+            for g in range(8):
+                total = 0
+                for j in range(32):
+                    v = np.rint(iscale * x[t, b * 256 + g * 32 + j])
+                    if v > _F127:
+                        v = _F127
+                    q[t, b * 256 + g * 32 + j] = v
+                    total += np.int32(v)
+                bsum32[t, b * 8 + g] = total
+            d[t, b] = _F1 / iscale
+
+
+class QuantizedActivations:
+    """Activation rows converted to a weight format's `vec_dot_type` (see the module docstring).
+
+    `q` float32[m, n] small integers; `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
+    `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`); `bsum32` int32[m, n/32] for Q8_K.
+    For F32/F16/BF16, `q` holds the (rounded) float activations and the other fields are None.
+    """
+
+    __slots__ = ("kind", "q", "d", "s", "bsum32")
+
+    def __init__(self, kind, q, d=None, s=None, bsum32=None):
+        self.kind, self.q, self.d, self.s, self.bsum32 = kind, q, d, s, bsum32
+
+    def dequantized(self) -> np.ndarray:
+        """float32[m, n]: q * d per block (for F-types: the rounded activations themselves)."""
+        if self.d is None:
+            return self.q
+        m, n = self.q.shape
+        qk = n // self.d.shape[1]
+        return (self.q.reshape(m, -1, qk) * self.d[:, :, None]).reshape(m, n)  # [m, n]
+
+
+def round_to_f16(x: np.ndarray) -> np.ndarray:
+    """float32 copy of x rounded to the nearest half (ties to even), as `ggml_cpu_fp32_to_fp16`."""
+    with np.errstate(over="ignore"):
+        return x.astype(np.float16).astype(np.float32)
+
+
+def round_to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 copy of x rounded to bfloat16 with ggml's rule (nearest even; NaN stays a quiet NaN)."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16) << 16
+    nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+    r = np.where(nan, ((u >> 16) | np.uint32(64)) << 16, r).astype(np.uint32)
+    return r.view(np.float32)
+
+
+def quantize_activations(x: np.ndarray, vec_dot_type, *, reference: bool = False) -> QuantizedActivations:
+    """Convert float32 activations x [n] or [m, n] to `vec_dot_type` (rows of whole blocks)."""
+    kind = T(int(vec_dot_type))
+    x2 = np.ascontiguousarray(x, dtype=np.float32)
+    x2 = x2.reshape(1, -1) if x2.ndim == 1 else x2  # [m, n]
+    m, n = x2.shape
+    if kind == T.F32:
+        return QuantizedActivations(kind, x2)
+    if kind == T.F16:
+        return QuantizedActivations(kind, round_to_f16(x2))
+    if kind == T.BF16:
+        return QuantizedActivations(kind, round_to_bf16(x2))
+    if kind in (T.Q8_0, T.Q8_1):
+        if n % 32:
+            raise ValueError(f"activation rows of {n} values are not whole 32-element blocks")
+        q = np.empty((m, n), np.float32)
+        d = np.empty((m, n // 32), np.float32)
+        s = np.empty((m, n // 32) if kind == T.Q8_1 else (0, 0), np.float32)
+        _quant_q8_0_rows(x2, q, d, s, kind == T.Q8_1, reference)
+        return QuantizedActivations(kind, q, d, s if kind == T.Q8_1 else None)
+    if kind == T.Q8_K:
+        if n % 256:
+            raise ValueError(f"activation rows of {n} values are not whole 256-element super-blocks")
+        q = np.empty((m, n), np.float32)
+        d = np.empty((m, n // 256), np.float32)
+        bs = np.empty((m, n // 32), np.int32)
+        _quant_q8_k_rows(x2, q, d, bs)
+        return QuantizedActivations(kind, q, d, None, bs)
+    raise ValueError(f"{kind.name} is not an activation format")
+
+
+def fake_quant(x: np.ndarray, vec_dot_type) -> np.ndarray:
+    """float32[m, n]: the activations after a round trip through `vec_dot_type` (q * d per block)."""
+    return quantize_activations(x, vec_dot_type).dequantized()

@@ -1,0 +1,122 @@
+"""`QuantMatrix`: one weight matrix, memory-mapped, still in its GGUF block format."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from .dequant import as_readonly_u8, dequantize_into
+from .formats import VEC_DOT_TYPE, block_geometry, check_supported, row_bytes
+
+
+class QuantMatrix:
+    """A weight matrix W [n_out, n_in] (GGML shape (n_in, n_out)) kept in its block format.
+
+    Nothing is widened or copied at construction: `raw` is a read-only uint8 view [n_out, row_bytes]
+    of the (memory-mapped) tensor bytes, `flat` the same bytes as one row (for the kernels' prefetch),
+    and for F16/BF16/F32 `wv` views the bytes as uint16/float32 [n_out, n_in].
+
+    No side arrays are precomputed: the kernels read each block's f16 scale directly (two bytes,
+    converted with `vcvtph2ps`).  A float32 copy of the Q8_0 scales was measured and rejected: it adds
+    12% memory traffic to a bandwidth-bound kernel and was not faster (see decode.py).
+    """
+
+    __slots__ = ("name", "ggml_type", "n_out", "n_in", "raw", "flat", "wv", "vec_dot_type")
+
+    def __init__(self, raw: np.ndarray, ggml_type, n_out: int, n_in: int, name: str = "<matrix>"):
+        t = T(int(ggml_type))
+        check_supported(t, name)
+        rb = row_bytes(t, n_in)
+        a = as_readonly_u8(raw).reshape(-1)
+        if a.size != n_out * rb:
+            raise ValueError(f"tensor {name!r}: {a.size} bytes, expected {n_out} rows x {rb} bytes ({t.name})")
+        self.name = name
+        self.ggml_type = t
+        self.n_out = int(n_out)
+        self.n_in = int(n_in)
+        self.flat = a                                   # [n_out * row_bytes]
+        self.raw = a.reshape(n_out, rb)                 # [n_out, row_bytes]
+        self.vec_dot_type = VEC_DOT_TYPE[t]
+        if t in (T.F16, T.BF16):
+            self.wv = self.raw.view(np.uint16)          # [n_out, n_in]
+        elif t == T.F32:
+            self.wv = self.raw.view(np.float32)         # [n_out, n_in]
+        else:
+            self.wv = None
+
+    @classmethod
+    def from_tensor(cls, t) -> "QuantMatrix":
+        """From a `gguf_file.TensorInfo`: GGML shape (n_in, d1, d2, ...) -> W [d1*d2*..., n_in]."""
+        check_supported(t.ggml_type, t.name)
+        n_in = int(t.shape[0])
+        n_out = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
+        return cls(t.data, t.ggml_type, n_out, n_in, name=t.name)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_out, self.n_in)
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.size
+
+    @property
+    def block_size(self) -> int:
+        return block_geometry(self.ggml_type)[0]
+
+    def dequantize(self, rows=None) -> np.ndarray:
+        """float32 [n_out, n_in] (or [len(rows), n_in]), bit-exact with gguf-py."""
+        if rows is None:
+            out = np.empty((self.n_out, self.n_in), np.float32)
+            return dequantize_into(self.raw, self.ggml_type, 0, None, out)
+        idx = np.asarray(rows, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -self.n_out or idx.max() >= self.n_out):
+            raise IndexError(f"row index out of range for {self.name!r} with {self.n_out} rows")
+        idx = np.where(idx < 0, idx + self.n_out, idx)
+        out = np.empty((idx.size, self.n_in), np.float32)  # [len(rows), n_in]
+        return dequantize_into(self.raw, self.ggml_type, 0, idx, out) if idx.size else out
+
+    def __repr__(self) -> str:
+        return f"QuantMatrix({self.name!r}, {self.ggml_type.name}, n_out={self.n_out}, n_in={self.n_in})"
+
+
+class MultiMatrix:
+    """Several matrices of one format and row length, used as one [sum n_out, n_in] matrix.
+
+    For projections that read the same input (q/k/v, gate/up): `matvec`/`matmul` quantize the
+    activations once and run each part's kernel into its slice of one output, in order.  The parts
+    stay separate memory-mapped tensors (nothing is concatenated).
+    """
+
+    __slots__ = ("parts", "ggml_type", "n_in", "n_out", "vec_dot_type", "name", "bounds")
+
+    def __init__(self, parts):
+        parts = list(parts)
+        if not parts:
+            raise ValueError("MultiMatrix needs at least one matrix")
+        kinds = {(p.ggml_type, p.n_in) for p in parts}
+        if len(kinds) != 1:
+            raise ValueError("MultiMatrix parts must share one format and one row length, got "
+                             + ", ".join(f"{p.name}: {p.ggml_type.name} x {p.n_in}" for p in parts))
+        self.parts = parts
+        self.ggml_type = parts[0].ggml_type
+        self.n_in = parts[0].n_in
+        ends = np.cumsum([p.n_out for p in parts])
+        self.n_out = int(ends[-1])
+        self.bounds = [(int(e - p.n_out), int(e)) for p, e in zip(parts, ends)]  # output slice of each part
+        self.vec_dot_type = parts[0].vec_dot_type
+        self.name = "+".join(p.name for p in parts)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n_out, self.n_in)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def dequantize(self) -> np.ndarray:
+        return np.concatenate([p.dequantize() for p in self.parts], axis=0)  # [n_out, n_in]
+
+    def __repr__(self) -> str:
+        return f"MultiMatrix({self.name!r}, {self.ggml_type.name}, n_out={self.n_out}, n_in={self.n_in})"

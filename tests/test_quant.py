@@ -1,0 +1,469 @@
+"""Tests of fucina_course.quant: block formats, activation quantizers, decode and prefill kernels.
+
+Oracles, from strongest to weakest:
+* `gguf.quants` (gguf-py, maintained next to llama.cpp): dequantization must be bit-exact; Q8_0
+  activation quantization in `reference=True` mode must be bit-exact with `gguf.quants.quantize`.
+* llama.cpp itself, when llama-cpp-python is installed: its `quantize_row_q8_0/q8_1/q8_K` must
+  match ours bit for bit, and its `ggml_vec_dot_*` must match our decode kernels to float32 rounding.
+* reference.py, a plain numpy transcription of ggml's dot formulas with int64 block sums.
+* float64 `W @ x` with an error bound derived from the activation quantization step.
+
+Test data: formats gguf-py can quantize are made with `gguf.quants.quantize` from random floats;
+K-quants (gguf-py cannot quantize them) are random bytes whose f16 scale fields are overwritten with
+finite values (`reference.random_blocks`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+from gguf.constants import GGML_QUANT_SIZES
+from numba import njit
+
+from fucina_course.errors import UnsupportedFormat
+from fucina_course.gguf_file import TensorInfo
+from fucina_course.quant import (
+    SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported, dequantize, dequantize_rows,
+    matmul, matvec, matvec_quantized, quantize_activations,
+)
+from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
+from fucina_course.quant.reference import random_blocks, reference_matvec
+
+ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+GGUF_QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
+QK = {t: GGML_QUANT_SIZES[t][0] for t in ALL}
+
+
+def make_weights(t, n_out: int, n_in: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
+    """uint8 bytes of an [n_out, n_in] matrix of format t (see the module docstring)."""
+    rng = np.random.default_rng(seed)
+    if t in GGUF_QUANTIZABLE:
+        x = (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32)
+        x[0, : min(n_in, 32)] = 0.0  # an all-zero block (d = 0)
+        q = gq.quantize(x, t)
+        return np.ascontiguousarray(q).view(np.uint8).reshape(-1)
+    return random_blocks(rng, t, n_out * n_in, scale=scale / 8)
+
+
+def row_len_for(t, n_blocks: int) -> int:
+    return n_blocks * max(QK[t], 32)  # float formats: multiples of 32 keep shapes comparable
+
+
+# --- formats and errors --------------------------------------------------------------------------
+
+def test_supported_set_and_vec_dot_types():
+    assert SUPPORTED_TYPES == frozenset(ALL)
+    assert set(VEC_DOT_TYPE) == set(ALL)
+    assert VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and VEC_DOT_TYPE[T.Q6_K] == T.Q8_K and VEC_DOT_TYPE[T.Q5_0] == T.Q8_0
+
+
+@pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ2_XXS, T.Q8_K])
+def test_unsupported_formats_raise(t):
+    with pytest.raises(UnsupportedFormat) as e:
+        check_supported(t, "blk.0.ffn_down.weight")
+    msg = str(e.value)
+    assert "'blk.0.ffn_down.weight'" in msg and t.name in msg and "Q4_K" in msg
+    qk, bpb = GGML_QUANT_SIZES[t]
+    raw = np.zeros(bpb * 2, np.uint8)
+    with pytest.raises(UnsupportedFormat):
+        dequantize(raw, t, 2 * qk)
+    with pytest.raises(UnsupportedFormat):
+        QuantMatrix(raw, t, 2, qk)
+    ti = TensorInfo(name="output.weight", ggml_type=t, shape=(qk, 2), n_bytes=raw.size, data=raw)
+    with pytest.raises(UnsupportedFormat, match="output.weight"):
+        QuantMatrix.from_tensor(ti)
+    for t_ok in ALL:
+        check_supported(t_ok, "x")  # no exception
+
+
+def test_bad_shapes_raise():
+    raw = make_weights(T.Q8_0, 4, 64)
+    with pytest.raises(ValueError):
+        QuantMatrix(raw, T.Q8_0, 4, 48)       # 48 is not a whole number of blocks
+    with pytest.raises(ValueError):
+        QuantMatrix(raw, T.Q8_0, 5, 64)       # wrong byte count
+    w = QuantMatrix(raw, T.Q8_0, 4, 64)
+    with pytest.raises(ValueError):
+        matvec(w, np.zeros(63, np.float32))
+    with pytest.raises(ValueError):
+        matvec(w, np.zeros(64, np.float32), out=np.zeros(5, np.float32))
+    with pytest.raises(ValueError):
+        matmul(w, np.zeros((3, 64), np.float32), out=np.zeros((3, 5), np.float32))
+    with pytest.raises(ValueError):
+        matmul(w, np.zeros((3, 64), np.float32), path="gemv", exact_activations=False)
+    with pytest.raises(IndexError):
+        dequantize_rows(raw, T.Q8_0, 64, [4])
+
+
+# --- the f16 intrinsics ---------------------------------------------------------------------------
+
+@njit
+def _all_f16(u, out):
+    for i in range(u.size):
+        out[i] = f16_to_f32(u[i])
+
+
+@njit
+def _all_to_f16(x, out):
+    for i in range(x.size):
+        out[i] = f32_to_f16_bits(x[i])
+
+
+def test_f16_intrinsics_exhaustive():
+    u = np.arange(65536, dtype=np.uint16)
+    got = np.empty(65536, np.float32)
+    _all_f16(u, got)
+    ref = u.view(np.float16).astype(np.float32)
+    nan = np.isnan(ref)
+    assert np.array_equal(got[~nan].view(np.uint32), ref[~nan].view(np.uint32))
+    assert np.isnan(got[nan]).all()
+    # float32 -> f16 rounding (ties to even, subnormals, overflow) against numpy
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-9, 6, 200_000)).astype(np.float32)
+    edge = np.array([65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1 + 2.0 ** -11,
+                     1 + 3 * 2.0 ** -11, -0.0, np.inf, -np.inf], np.float32)
+    x = np.concatenate([x, edge, ref[~nan]])
+    bits = np.empty(x.size, np.uint16)
+    _all_to_f16(x, bits)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(bits, x.astype(np.float16).view(np.uint16))
+
+
+# --- dequantization ------------------------------------------------------------------------------
+
+SHAPES = [(1, 1), (7, 1), (5, 9), (33, 3), (2, 16)]  # (rows, blocks per row)
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_dequantize_bit_exact_against_gguf(t):
+    for seed, (n_out, nb) in enumerate(SHAPES):
+        n_in = row_len_for(t, nb)
+        raw = make_weights(t, n_out, n_in, seed=seed)
+        ref = gq.dequantize(raw.reshape(n_out, -1), t).reshape(-1).astype(np.float32)
+        got = dequantize(raw, t, n_out * n_in)
+        assert got.dtype == np.float32 and got.shape == (n_out * n_in,)
+        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (t.name, n_out, nb)
+        w = QuantMatrix(raw, t, n_out, n_in)
+        assert np.array_equal(w.dequantize().reshape(-1).view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+def test_dequantize_subnormal_scales(t):
+    # scales of ~1e-6 are f16 subnormals: the conversion must still be exact
+    raw = random_blocks(np.random.default_rng(5), t, 64 * QK[t], scale=1e-6)
+    ref = gq.dequantize(raw.reshape(64, -1), t).reshape(-1)
+    assert np.array_equal(dequantize(raw, t, 64 * QK[t]).view(np.uint32), ref.view(np.uint32))
+
+
+def test_dequantize_large_table_multithreaded():
+    # 2^17 blocks: dequantize() splits the work over threads; every part must land in place
+    raw = random_blocks(np.random.default_rng(3), T.Q5_0, (1 << 17) * 32)
+    ref = gq.dequantize(raw.reshape(-1, 22 * 64), T.Q5_0).reshape(-1)
+    assert np.array_equal(dequantize(raw, T.Q5_0, ref.size).view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_dequantize_rows_matches_full(t):
+    n_out, nb = 37, 3
+    n_in = row_len_for(t, nb)
+    raw = make_weights(t, n_out, n_in, seed=11)
+    full = gq.dequantize(raw.reshape(n_out, -1), t).reshape(n_out, n_in)
+    rows = np.array([0, 36, 5, 5, -1, 17])
+    got = dequantize_rows(raw, t, n_in, rows)
+    assert got.shape == (6, n_in)
+    assert np.array_equal(got.view(np.uint32), full[rows].astype(np.float32).view(np.uint32))
+    got2 = dequantize_rows(raw.reshape(n_out, -1), t, n_in, [3])  # already [n_rows, row_bytes]
+    assert np.array_equal(got2[0], full[3])
+    assert dequantize_rows(raw, t, n_in, []).shape == (0, n_in)
+    w = QuantMatrix(raw, t, n_out, n_in)
+    assert np.array_equal(w.dequantize(rows), got)
+
+
+def test_from_tensor_uses_ggml_shape_order_and_stays_a_view():
+    n_out, n_in = 12, 64
+    raw = make_weights(T.Q8_0, n_out, n_in)
+    raw.flags.writeable = False  # like the memory map
+    ti = TensorInfo(name="blk.0.attn_q.weight", ggml_type=T.Q8_0, shape=(n_in, n_out), n_bytes=raw.size, data=raw)
+    w = QuantMatrix.from_tensor(ti)
+    assert (w.n_out, w.n_in) == (n_out, n_in) and w.nbytes == raw.size
+    assert np.shares_memory(w.raw, raw)  # never copied or widened
+    assert not w.raw.flags.writeable
+
+
+# --- activation quantizers -----------------------------------------------------------------------
+
+def _activations(m=8, n=1024, seed=0):
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((m, n)) * rng.random((m, 1)) * 3).astype(np.float32)
+    x[0, :256] = 0.0
+    x[1, :32] = np.arange(32) - 16.0  # exact ties under 127/amax scaling
+    return x
+
+
+def test_q8_0_reference_mode_matches_gguf_py():
+    x = _activations()
+    ref = gq.quantize(x, T.Q8_0).reshape(-1, 34)
+    qa = quantize_activations(x, T.Q8_0, reference=True)
+    assert np.array_equal(qa.q.reshape(-1, 32).astype(np.int8).view(np.uint8), ref[:, 2:])
+    assert np.array_equal(qa.d.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, :2])
+
+
+def test_q8_0_x86_rounding_differs_from_reference_on_ties():
+    x = np.zeros(32, np.float32)
+    x[0], x[1], x[2] = 127.0, 2.5, -3.5  # amax = 127: id = 1 exactly, so 2.5 and -3.5 are ties
+    x86 = quantize_activations(x, T.Q8_0).q[0]
+    ref = quantize_activations(x, T.Q8_0, reference=True).q[0]
+    assert (x86[1], x86[2]) == (2.0, -4.0)   # _mm256_round_ps: half to even
+    assert (ref[1], ref[2]) == (3.0, -4.0)   # roundf: half away from zero
+    assert np.array_equal(ref[:3], gq.quantize(x, T.Q8_0)[2:5].view(np.int8).astype(np.float32))
+
+
+def test_q8_k_and_q8_1_properties():
+    x = _activations()
+    qk = quantize_activations(x, T.Q8_K)
+    assert qk.q.shape == x.shape and qk.d.shape == (8, 4) and qk.bsum32.shape == (8, 32)
+    assert np.all(np.abs(qk.q) <= 127) and np.all(qk.q == np.round(qk.q))
+    assert np.array_equal(qk.bsum32, qk.q.reshape(8, 32, 32).sum(-1).astype(np.int32))
+    assert np.all(qk.q[0, :256] == 0) and qk.d[0, 0] == 0
+    err = np.abs(qk.dequantized() - x)
+    assert np.all(err <= np.repeat(np.abs(qk.d), 256, axis=1) * 0.5001 + 1e-12)
+    q1 = quantize_activations(x, T.Q8_1)
+    q0 = quantize_activations(x, T.Q8_0)
+    assert np.array_equal(q1.q, q0.q) and np.array_equal(q1.d, q0.d)
+    s_exact = q1.q.reshape(8, -1, 32).sum(-1) * q1.d
+    assert np.allclose(q1.s, s_exact, rtol=2 ** -10, atol=1e-6)
+
+
+# --- llama.cpp as the oracle (skipped when llama-cpp-python is missing) -----------------------------
+
+@pytest.fixture(scope="module")
+def ggml():
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = os.path.join(os.path.dirname(llama_cpp.__file__), "lib", "libggml-cpu.so")
+    if not os.path.exists(path):
+        pytest.skip("libggml-cpu.so not found next to llama_cpp")
+    lib = ctypes.CDLL(path)
+    vp, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
+    lib.ggml_cpu_init.restype = None
+    lib.ggml_cpu_init()
+    for name in ("quantize_row_q8_0", "quantize_row_q8_1", "quantize_row_q8_K", "ggml_cpu_fp32_to_fp16",
+                 "ggml_cpu_fp32_to_bf16"):
+        getattr(lib, name).argtypes = [vp, vp, i64]
+        getattr(lib, name).restype = None
+    for name in ("q8_0_q8_0", "q4_0_q8_0", "q5_0_q8_0", "q4_1_q8_1", "q5_1_q8_1", "q4_K_q8_K",
+                 "q5_K_q8_K", "q6_K_q8_K", "f16", "bf16", "f32"):
+        f = getattr(lib, "ggml_vec_dot_" + name)
+        f.argtypes = [ctypes.c_int, vp, sz, vp, sz, vp, sz, ctypes.c_int]
+        f.restype = None
+    return lib
+
+
+def _ggml_quantize(lib, x: np.ndarray, kind) -> np.ndarray:
+    n = x.size
+    if kind == T.F32:
+        return np.ascontiguousarray(x, np.float32).view(np.uint8).reshape(-1)
+    nbytes = {T.Q8_0: n // 32 * 34, T.Q8_1: n // 32 * 36, T.Q8_K: n // 256 * 292, T.F16: 2 * n, T.BF16: 2 * n}[kind]
+    fn = {T.Q8_0: "quantize_row_q8_0", T.Q8_1: "quantize_row_q8_1", T.Q8_K: "quantize_row_q8_K",
+          T.F16: "ggml_cpu_fp32_to_fp16", T.BF16: "ggml_cpu_fp32_to_bf16"}[kind]
+    x = np.ascontiguousarray(x, np.float32)
+    out = np.zeros(nbytes, np.uint8)
+    getattr(lib, fn)(x.ctypes.data, out.ctypes.data, n)
+    return out
+
+
+def test_activation_quantizers_bit_exact_with_llama_cpp(ggml):
+    x = _activations(m=16, n=2048)
+    for kind, bpb in ((T.Q8_0, 34), (T.Q8_1, 36)):
+        ref = _ggml_quantize(ggml, x, kind).reshape(-1, bpb)
+        qa = quantize_activations(x, kind)
+        off = 2 if kind == T.Q8_0 else 4
+        assert np.array_equal(qa.q.reshape(-1, 32).astype(np.int8).view(np.uint8), ref[:, off:]), kind.name
+        assert np.array_equal(qa.d.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, :2])
+        if kind == T.Q8_1:
+            assert np.array_equal(qa.s.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, 2:4])
+    ref = _ggml_quantize(ggml, x, T.Q8_K).reshape(-1, 292)
+    qa = quantize_activations(x, T.Q8_K)
+    assert np.array_equal(qa.d.reshape(-1), ref[:, :4].copy().view(np.float32).reshape(-1))
+    assert np.array_equal(qa.q.reshape(-1, 256).astype(np.int8), ref[:, 4:260].view(np.int8))
+    bsums16 = ref[:, 260:].copy().view(np.int16).astype(np.int32).reshape(-1, 8, 2).sum(-1)
+    assert np.array_equal(qa.bsum32.reshape(-1, 8), bsums16)
+    for kind in (T.F16, T.BF16):
+        ref = _ggml_quantize(ggml, x, kind).view(np.uint16)
+        got = quantize_activations(x, kind).q.reshape(-1)
+        ours = got.astype(np.float16).view(np.uint16) if kind == T.F16 else (got.view(np.uint32) >> 16).astype(np.uint16)
+        assert np.array_equal(ours, ref), kind.name
+
+
+_DOT = {T.Q8_0: "q8_0_q8_0", T.Q4_0: "q4_0_q8_0", T.Q5_0: "q5_0_q8_0", T.Q4_1: "q4_1_q8_1",
+        T.Q5_1: "q5_1_q8_1", T.Q4_K: "q4_K_q8_K", T.Q5_K: "q5_K_q8_K", T.Q6_K: "q6_K_q8_K",
+        T.F16: "f16", T.BF16: "bf16", T.F32: "f32"}
+
+
+@pytest.mark.parametrize("t", list(_DOT), ids=lambda t: t.name)
+def test_matvec_matches_llama_cpp_vec_dot(ggml, t):
+    n_out, n_in = 24, 1024
+    raw = make_weights(t, n_out, n_in, seed=7)
+    w = QuantMatrix(raw, t, n_out, n_in)
+    x = _activations(m=3, n=n_in, seed=3)[2] + 0.1
+    y = matvec(w, x)
+    xq = _ggml_quantize(ggml, x, VEC_DOT_TYPE[t])
+    ref = np.empty(n_out, np.float32)
+    s = np.zeros(1, np.float32)
+    for r in range(n_out):
+        row = np.ascontiguousarray(w.raw[r])
+        getattr(ggml, "ggml_vec_dot_" + _DOT[t])(n_in, s.ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
+        ref[r] = s[0]
+    mag = np.abs(w.dequantize()).astype(np.float64) @ np.abs(x.astype(np.float64))
+    assert np.all(np.abs(y - ref) <= 1e-5 * mag), np.max(np.abs(y - ref) / mag)
+
+
+# --- decode kernels against the numpy transcription and float64 ----------------------------------
+
+MV_SHAPES = [(1, 1), (17, 4), (40, 7), (3, 12)]  # (n_out, blocks per row); 17, 40: not multiples of 16
+
+
+def _bound(t, w64: np.ndarray, x: np.ndarray, qa) -> np.ndarray:
+    """Worst-case |W x - W x~| from rounding x to x~ (one step: d/2 per element), per output row."""
+    n = x.size
+    if t == T.F32:
+        step = np.zeros(n)
+    elif t == T.F16:
+        step = np.abs(x) * 2.0 ** -11 + 2.0 ** -25
+    elif t == T.BF16:
+        step = np.abs(x) * 2.0 ** -8
+    else:
+        qk = n // qa.d.shape[1]
+        step = np.repeat(np.abs(qa.d[0]).astype(np.float64), qk) * 0.5
+    return np.abs(w64) @ step
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_matvec_against_reference_and_float64(t):
+    rng = np.random.default_rng(1)
+    for seed, (n_out, nb) in enumerate(MV_SHAPES):
+        n_in = nb * QK_OR_32(t)
+        w = QuantMatrix(make_weights(t, n_out, n_in, seed=seed), t, n_out, n_in)
+        x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+        y = matvec(w, x)
+        assert y.shape == (n_out,) and y.dtype == np.float32
+        qa = quantize_activations(x, w.vec_dot_type)
+        ref = reference_matvec(w.raw, t, qa)
+        w64 = w.dequantize().astype(np.float64)
+        mag = np.abs(w64) @ np.abs(qa.dequantized()[0].astype(np.float64))
+        # only float32 rounding separates the kernel from the transcription: 1e-5 of sum |terms|
+        assert np.all(np.abs(y - ref) <= 1e-5 * mag + 1e-30), (t.name, np.max(np.abs(y - ref) / mag))
+        exact = w64 @ x.astype(np.float64)
+        assert np.all(np.abs(y - exact) <= _bound(t, w64, x, qa) * 1.001 + 1e-5 * mag + 1e-30), t.name
+        out = np.full(n_out, np.nan, np.float32)
+        assert matvec(w, x, out=out) is out and np.array_equal(out, y)
+
+
+def QK_OR_32(t) -> int:
+    return max(QK[t], 32)
+
+
+def test_matvec_quantized_reuses_one_quantization():
+    n_in = 512
+    x = np.random.default_rng(2).standard_normal(n_in).astype(np.float32)
+    wq = QuantMatrix(make_weights(T.Q4_K, 20, n_in, seed=1), T.Q4_K, 20, n_in)
+    wk = QuantMatrix(make_weights(T.Q6_K, 9, n_in, seed=2), T.Q6_K, 9, n_in)
+    qa = quantize_activations(x, T.Q8_K)
+    for w in (wq, wk):
+        out = np.empty(w.n_out, np.float32)
+        matvec_quantized(w, qa, out)
+        assert np.array_equal(out, matvec(w, x))
+    w8 = QuantMatrix(make_weights(T.Q8_0, 4, n_in), T.Q8_0, 4, n_in)
+    with pytest.raises(ValueError, match="Q8_0"):
+        matvec_quantized(w8, qa, np.empty(4, np.float32))  # Q8_K activations for a Q8_0 matrix
+
+
+@pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
+def test_tolerance_catches_one_wrong_quant(t):
+    # the 1e-5 tolerance is tight enough to see a single quant off by one step in a 512-wide row
+    n_out, n_in = 4, 512
+    raw = make_weights(t, n_out, n_in, seed=8)
+    w = QuantMatrix(raw, t, n_out, n_in)
+    x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
+    qa = quantize_activations(x, w.vec_dot_type)
+    bad = raw.copy().reshape(n_out, -1)
+    byte = {T.Q5_0: 10, T.Q4_K: 40, T.Q6_K: 40}[t]   # a byte of quants in the first block of row 1
+    bad[1, byte] ^= 0x01                              # one element's quant changes by 1
+    ref_bad = reference_matvec(bad, t, qa)
+    ref_ok = reference_matvec(w.raw, t, qa)
+    mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
+    y = matvec(w, x)
+    assert np.abs(y[1] - ref_ok[1]) <= 1e-5 * mag[1]
+    assert np.abs(y[1] - ref_bad[1]) > 1e-5 * mag[1]
+
+
+# --- prefill --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_matmul_paths_agree_with_decode(t):
+    rng = np.random.default_rng(4)
+    n_out, n_in = 70, 4 * QK_OR_32(t)
+    w = QuantMatrix(make_weights(t, n_out, n_in, seed=9), t, n_out, n_in)
+    X = (rng.standard_normal((19, n_in)) + 0.3).astype(np.float32)  # offset: Q8_1 block sums matter
+    dec = np.stack([matvec(w, x) for x in X])                          # [m, n_out]
+    gemv = matmul(w, X, path="gemv")
+    blas = matmul(w, X, path="blas")
+    auto = matmul(w, X)
+    w64 = w.dequantize().astype(np.float64)
+    mag = np.abs(X.astype(np.float64)) @ np.abs(w64).T                 # [m, n_out]
+    assert np.array_equal(gemv, dec)
+    assert np.all(np.abs(blas - dec) <= 1e-5 * mag + 1e-30), (t.name, np.max(np.abs(blas - dec) / mag))
+    assert np.array_equal(auto, blas)                                  # 19 rows >= PREFILL_MIN_ROWS
+    f32 = matmul(w, X, path="blas", exact_activations=False)
+    exact = X.astype(np.float64) @ w64.T
+    assert np.all(np.abs(f32 - exact) <= 1e-5 * mag + 1e-30)
+    out = np.empty((19, n_out), np.float32)
+    assert matmul(w, X, out=out) is out and np.array_equal(out, blas)
+    one = matmul(w, X[:1])                                             # m = 1 goes through gemv
+    assert np.array_equal(one[0], dec[0])
+
+
+def test_matmul_large_tiles():
+    # more rows than one dequantized tile holds, and a row count that is not a tile multiple
+    import fucina_course.quant.prefill as prefill
+    rng = np.random.default_rng(6)
+    n_out, n_in = 1000, 256
+    w = QuantMatrix(make_weights(T.Q4_K, n_out, n_in, seed=3), T.Q4_K, n_out, n_in)
+    X = rng.standard_normal((16, n_in)).astype(np.float32)
+    old = prefill._TILE_ELEMENTS
+    try:
+        prefill._TILE_ELEMENTS = 96 * n_in
+        tiled = matmul(w, X, path="blas")
+    finally:
+        prefill._TILE_ELEMENTS = old
+    whole = matmul(w, X, path="blas")
+    assert np.allclose(tiled, whole, rtol=0, atol=1e-6 * np.abs(whole).max())
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.F32], ids=lambda t: t.name)
+def test_multimatrix_equals_separate_parts(t):
+    n_in = 2 * QK_OR_32(t)
+    parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}") for n in (24, 8, 8)]
+    mm = MultiMatrix(parts)
+    assert mm.shape == (40, n_in) and mm.bounds == [(0, 24), (24, 32), (32, 40)]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(n_in).astype(np.float32)
+    assert np.array_equal(matvec(mm, x), np.concatenate([matvec(p, x) for p in parts]))
+    X = rng.standard_normal((20, n_in)).astype(np.float32) + 0.2
+    for path in ("gemv", "blas"):
+        want = np.concatenate([matmul(p, X, path=path) for p in parts], axis=1)
+        assert np.array_equal(matmul(mm, X, path=path), want), path
+    f32 = np.concatenate([matmul(p, X, path="blas", exact_activations=False) for p in parts], axis=1)
+    assert np.array_equal(matmul(mm, X, exact_activations=False), f32)
+    assert np.array_equal(mm.dequantize(), np.concatenate([p.dequantize() for p in parts]))
+
+
+def test_multimatrix_rejects_mixed_formats():
+    a = QuantMatrix(make_weights(T.Q8_0, 4, 64), T.Q8_0, 4, 64, name="q")
+    b = QuantMatrix(make_weights(T.Q4_0, 4, 64), T.Q4_0, 4, 64, name="v")
+    with pytest.raises(ValueError, match="Q4_0"):
+        MultiMatrix([a, b])
