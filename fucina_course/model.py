@@ -40,7 +40,7 @@ from .config import Config
 from .errors import FucinaError, InvalidSequenceLength, ShapeMismatch, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
-from .ops import apply_rope, causal_attention, rms_norm, rope_angles, swiglu
+from .ops import apply_rope, causal_attention, decode_attention, rms_norm, rope_angles, swiglu
 from .weights import FusedLinear, LinearWeight
 
 
@@ -250,11 +250,15 @@ class Model:
                 for s in segments:
                     rows = slice(s.start, s.stop)
                     if s.cache is None:
-                        keys, values = k[rows], v[rows]
+                        attn[rows] = causal_attention(q[rows], k[rows], v[rows], s.pos0, scale)
+                        continue
+                    s.cache.append_layer(li, k[rows], v[rows])
+                    ctx = s.pos0 + s.stop - s.start
+                    if s.stop - s.start == 1:  # decode: one query, read the cache in place
+                        attn[s.start] = decode_attention(q[s.start], s.cache, li, ctx, scale)
                     else:
-                        s.cache.append_layer(li, k[rows], v[rows])
-                        keys, values = s.cache.layer_kv(li, s.pos0 + s.stop - s.start)  # [ctx, KVH, D]
-                    attn[rows] = causal_attention(q[rows], keys, values, s.pos0, scale)
+                        keys, values = s.cache.layer_kv(li, ctx)                        # [ctx, KVH, D]
+                        attn[rows] = causal_attention(q[rows], keys, values, s.pos0, scale)
             with self._timed("attn_out"):
                 x = x + layer.attn_out(attn)                                            # residual add
             if last_only and li == len(self.layers) - 1 and n > 1:
