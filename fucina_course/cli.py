@@ -108,9 +108,21 @@ def _prompt_ids(model, args) -> list[int]:
     return model.tokenizer.encode(text)
 
 
+def _cache_for(model, n_tokens: int, cache_type: str):
+    """A cache for n_tokens positions; an input longer than the model's context is an error."""
+    from .errors import KvCacheOverflow
+
+    if n_tokens > model.config.context_length:
+        raise KvCacheOverflow(f"{n_tokens} tokens do not fit in the model's context of "
+                              f"{model.config.context_length} positions")
+    return model.new_cache(n_tokens, cache_type)
+
+
 def cmd_generate(args) -> int:
     model = _load_model(args)
     ids = _prompt_ids(model, args)
+    if args.gen < 1:
+        raise FucinaError("--gen must be at least 1")
     stream = model.tokenizer.stream(skip_special=True) if model.tokenizer else None
 
     def show(tok: int) -> None:
@@ -118,7 +130,10 @@ def cmd_generate(args) -> int:
             sys.stdout.write(stream.push(tok))
             sys.stdout.flush()
 
-    cache = model.new_cache(min(model.config.context_length, len(ids) + args.gen), args.cache_type)
+    cache = _cache_for(model, min(model.config.context_length, len(ids) + args.gen), args.cache_type)
+    if cache.capacity <= len(ids):
+        raise FucinaError(f"the prompt ({len(ids)} tokens) leaves no room to generate in the model's "
+                          f"context of {model.config.context_length} positions")
     out = model.generate(ids, args.gen, cache=cache, on_token=show,
                          stop_ids=None if not args.ignore_eos else set())
     if stream is not None:
@@ -135,7 +150,7 @@ def cmd_logits(args) -> int:
         raise FucinaError("give the input as --ids 1,2,3 or --prompt TEXT")
     model = _load_model(args)
     ids = _prompt_ids(model, args)
-    cache = model.new_cache(len(ids), args.cache_type)
+    cache = _cache_for(model, len(ids), args.cache_type)
     logits = model.forward_step_all_logits(ids, 0, cache) if args.all else model.forward_step(ids, 0, cache)
     logits = logits.astype(np.float32)
     if args.out:
@@ -168,7 +183,7 @@ def cmd_verify_cache(args) -> int:
 
     model = _load_model(args)
     ids = _prompt_ids(model, args)
-    cache = model.new_cache(len(ids) + args.steps, args.cache_type)
+    cache = _cache_for(model, len(ids) + args.steps, args.cache_type)
     seq = list(ids)
     cached = model.forward_step(seq, 0, cache)
     worst, ok = 0.0, True

@@ -77,3 +77,47 @@ def test_tokenize_missing_input_file(qwen3_vocab_path, tmp_path):
 def test_models_list():
     r = run("models", "list")
     assert r.returncode == 0 and b"qwen2.5-coder-0.5b (default)" in r.stdout
+
+
+def test_chat_answers_the_france_question(coder_path):
+    r = run("generate", "qwen2.5-coder-0.5b", "--chat", "--prompt", "What is the capital of France?", "--gen", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().strip() == "The capital of France is Paris."
+
+
+def test_logits_compare_and_verify_cache(tmp_path):
+    from fucina_course.synth import TINY_QWEN3, write_synthetic
+
+    model = write_synthetic(TINY_QWEN3, tmp_path / "tiny.gguf")
+    out = tmp_path / "l.npy"
+    assert run("logits", model, "--ids", "1,2,3", "--all", "--out", out).returncode == 0
+    assert np.load(out).shape == (3, TINY_QWEN3.vocab_size)
+    same = run("logits", model, "--ids", "1,2,3", "--all", "--compare", out)
+    assert same.returncode == 0 and b"argmax identical at every position: True" in same.stdout
+    other = run("logits", model, "--ids", "1,2,4", "--all", "--compare", out)
+    assert other.returncode == 1 and b"fucina: error:" in other.stderr
+    vc = run("verify-cache", model, "--ids", "5,6,7", "--steps", "4")
+    assert vc.returncode == 0 and b"argmax always equal: True" in vc.stdout
+    bench = run("bench", model, "--pp", "4", "--tg", "4", "--repeats", "1", "--json")
+    import json
+    result = json.loads(bench.stdout)
+    assert result["prefill"][0]["tokens"] == 4 and result["decode"]["tok_s"] > 0
+
+
+@pytest.mark.parametrize("case", ["unsupported_format", "shape_mismatch", "context_overflow"])
+def test_engine_errors_are_one_line(case, tmp_path):
+    from fucina_course.synth import TINY_QWEN3, write_synthetic
+
+    kwargs, args, expected = {
+        "unsupported_format": ({"type_overrides": {"blk.0.attn_v.weight": "IQ4_NL"}}, ["--ids", "1,2"],
+                               "'blk.0.attn_v.weight' is stored as IQ4_NL"),
+        "shape_mismatch": ({"metadata_overrides": {"qwen3.attention.head_count": 8}}, ["--ids", "1,2"],
+                           "'blk.0.attn_q.weight' has shape"),
+        "context_overflow": ({"metadata_overrides": {"qwen3.context_length": 8}}, ["--ids", ",".join(["1"] * 9)],
+                             "9 tokens do not fit in the model's context of 8"),
+    }[case]
+    model = write_synthetic(TINY_QWEN3, tmp_path / f"{case}.gguf", **kwargs)
+    r = run("logits", model, *args)
+    err = r.stderr.decode()
+    assert r.returncode == 1 and err.count("\n") == 1 and expected in err, err
+    assert "Traceback" not in err
