@@ -30,6 +30,7 @@ book: install models
 test: dev models
 	FUCINA_REQUIRE_LLAMA=1 $(PY) -m pytest -q tests
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env book/chapters
+	$(VENV)/bin/jupyter-book build . -W
 
 clean:
 	rm -rf _build .pytest_cache
