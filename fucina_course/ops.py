@@ -141,15 +141,24 @@ def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, s
 def _f16_round(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest float16 (and back): one operand of an f16 matmul."""
     x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty_like(x)
-    _f16_round_flat(x.reshape(-1), out.reshape(-1))
-    return out
+    return _f16_rounded(x.reshape(-1)).reshape(x.shape)
 
 
 @njit(cache=True)
-def _f16_round_flat(x, out):  # pragma: no cover - compiled
-    for i in range(x.shape[0]):
-        out[i] = f16_to_f32(f32_to_f16_bits(x[i]))
+def _softmax_f16(row, count, scale):  # pragma: no cover - compiled
+    """row[:count] = f16(softmax(row[:count] * scale)), in place, with ggml's order of operations:
+    scale, max, exp, float64 sum, multiply by the reciprocal, round the probability to float16."""
+    top = np.float32(-np.inf)
+    for j in range(count):
+        row[j] *= scale
+        top = max(top, row[j])
+    total = 0.0
+    for j in range(count):
+        row[j] = np.exp(row[j] - top)
+        total += row[j]
+    inv = np.float32(1.0 / total)
+    for j in range(count):
+        row[j] = f16_to_f32(f32_to_f16_bits(row[j] * inv))
 
 
 @njit(cache=True, parallel=True)
@@ -162,22 +171,17 @@ def _causal_softmax_f16(scores, n, q_pos0, scale):  # pragma: no cover - compile
     batch, rows, ctx = scores.shape
     for br in prange(batch * rows):
         b, r = br // rows, br % rows
-        last = q_pos0 + r % n                               # keys 0..last are visible
-        top = np.float32(-np.inf)
-        for j in range(last + 1):
-            v = scores[b, r, j] * scale
-            scores[b, r, j] = v
-            top = max(top, v)
-        total = 0.0                                         # float64, as ggml
-        for j in range(last + 1):
-            e = np.exp(scores[b, r, j] - top)
-            scores[b, r, j] = e
-            total += e
-        inv = np.float32(1.0 / total)
-        for j in range(last + 1):
-            scores[b, r, j] = f16_to_f32(f32_to_f16_bits(scores[b, r, j] * inv))
-        for j in range(last + 1, ctx):
-            scores[b, r, j] = 0.0
+        visible = q_pos0 + r % n + 1                        # keys 0..q_pos0 + i
+        _softmax_f16(scores[b, r], visible, scale)
+        scores[b, r, visible:] = 0.0
+
+
+@njit(cache=True)
+def _f16_rounded(x):  # pragma: no cover - compiled
+    out = np.empty(x.shape[0], np.float32)
+    for j in range(x.shape[0]):
+        out[j] = f16_to_f32(f32_to_f16_bits(x[j]))
+    return out
 
 
 @njit(cache=True, parallel=True)
@@ -186,29 +190,18 @@ def _decode_attention_f16(q, k_bits, v_bits, ctx, scale, out):  # pragma: no cov
     group = n_heads // k_bits.shape[1]
     for h in prange(n_heads):
         kv = h // group
-        qh = np.empty(d, np.float32)
-        for j in range(d):                                  # q rounded to f16, as ggml does
-            qh[j] = f16_to_f32(f32_to_f16_bits(q[h, j]))
+        qh = _f16_rounded(q[h])                             # q rounded to f16, as ggml does
         probs = np.empty(ctx, np.float32)
-        top = np.float32(-np.inf)
         for t in range(ctx):
             s = np.float32(0.0)
             for j in range(d):
                 s += qh[j] * f16_to_f32(k_bits[t, kv, j])
-            s *= scale
             probs[t] = s
-            top = max(top, s)
-        total = 0.0                                         # float64 sum, as ggml
-        for t in range(ctx):
-            e = np.exp(probs[t] - top)
-            probs[t] = e
-            total += e
-        inv = np.float32(1.0 / total)
+        _softmax_f16(probs, ctx, scale)
         acc = np.zeros(d, np.float32)
         for t in range(ctx):
-            p = f16_to_f32(f32_to_f16_bits(probs[t] * inv))  # probabilities rounded to f16
             for j in range(d):
-                acc[j] += p * f16_to_f32(v_bits[t, kv, j])
+                acc[j] += probs[t] * f16_to_f32(v_bits[t, kv, j])
         out[h, :] = acc
 
 
@@ -218,11 +211,8 @@ def _decode_attention_q8(q, k_q, k_scale_bits, v_q, v_scale_bits, ctx, scale, ou
     group = n_heads // k_q.shape[1]
     for h in prange(n_heads):
         kv = h // group
-        qh = np.empty(d, np.float32)
-        for j in range(d):
-            qh[j] = f16_to_f32(f32_to_f16_bits(q[h, j]))
+        qh = _f16_rounded(q[h])
         probs = np.empty(ctx, np.float32)
-        top = np.float32(-np.inf)
         for t in range(ctx):
             s = np.float32(0.0)
             for b in range(d // 32):
@@ -230,20 +220,12 @@ def _decode_attention_q8(q, k_q, k_scale_bits, v_q, v_scale_bits, ctx, scale, ou
                 for j in range(32):
                     part += qh[b * 32 + j] * np.float32(k_q[t, kv, b * 32 + j])
                 s += part * f16_to_f32(k_scale_bits[t, kv, b])
-            s *= scale
             probs[t] = s
-            top = max(top, s)
-        total = 0.0
-        for t in range(ctx):
-            e = np.exp(probs[t] - top)
-            probs[t] = e
-            total += e
-        inv = np.float32(1.0 / total)
+        _softmax_f16(probs, ctx, scale)
         acc = np.zeros(d, np.float32)
         for t in range(ctx):
-            p = f16_to_f32(f32_to_f16_bits(probs[t] * inv))
             for b in range(d // 32):
-                ps = p * f16_to_f32(v_scale_bits[t, kv, b])
+                ps = probs[t] * f16_to_f32(v_scale_bits[t, kv, b])
                 for j in range(32):
                     acc[b * 32 + j] += ps * np.float32(v_q[t, kv, b * 32 + j])
         out[h, :] = acc
