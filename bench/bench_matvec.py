@@ -2,6 +2,8 @@
 
     python bench/bench_matvec.py                      # Q8_0 Q4_K Q6_K Q5_0 F16, 2 threads
     python bench/bench_matvec.py --formats Q8_0,Q4_1 --repeats 20 --no-sweep
+    python bench/bench_matvec.py --formats Q4_K --no-prefill        # decode only (faster)
+    python bench/bench_matvec.py --formats Q4_K,Q5_0 --no-prefill --kernels both   # VNNI vs float kernels
 
 Prints, per format:
   * decode (matvec) GB/s = bytes of the quantized matrix / time, best of --repeats, for the four
@@ -13,6 +15,9 @@ Prints, per format:
     Compare with llama.cpp's ~11.5 GB/s decoding a Q8_0 Qwen3-0.6B on this machine (DESIGN.md);
   * prefill (matmul) GFLOP/s = 2 m n_out n_in / time for m = 16, 64, 256 (path "auto");
   * the time to dequantize a 151936 x 896 embedding table (Q8_0 and Q5_0 only).
+
+--kernels: "auto" (the integer VNNI kernels where the CPU has them, decode.VNNI), "float" (the
+float kernels), or "both" (each decode number for both, measured alternately in the same run).
 
 The machine has 2 cores and is shared; the load average is printed first: distrust numbers taken
 while it is above ~0.5.  Timings are the best of several repeats.
@@ -29,7 +34,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from fucina_course.quant import QuantMatrix, dequantize, matmul, matvec
+from fucina_course.quant import QuantMatrix, decode, dequantize, matmul, matvec
 from fucina_course.quant.reference import random_blocks
 
 SHAPES = [(1024, 2048), (1024, 3072), (3072, 1024), (1024, 151936)]  # (n_in, n_out)
@@ -50,17 +55,49 @@ def make(rng, t, n_in, n_out) -> QuantMatrix:
     return QuantMatrix(random_blocks(rng, t, n_in * n_out, scale=0.002), t, n_out, n_in, name=f"{n_out}x{n_in}")
 
 
+def kernel_modes(t, args) -> list[tuple[str, bool]]:
+    """[(label, decode.VNNI value)] to measure for format t."""
+    has = decode.VNNI and t in decode._VNNI_FORMATS
+    if args.kernels == "float" or not has:
+        return [("" if args.kernels == "auto" else "float ", False)]
+    if args.kernels == "both":
+        return [("float ", False), ("vnni ", True)]
+    return [("", True)]
+
+
+def best_of_modes(fn, modes, repeats: int) -> dict[str, float]:
+    """Best time of fn per kernel mode, the modes alternating within each repeat."""
+    best = {}
+    saved = decode.VNNI
+    try:
+        for label, vnni in modes:
+            decode.VNNI = vnni
+            fn()  # warm-up / compile
+        for _ in range(repeats):
+            for label, vnni in modes:
+                decode.VNNI = vnni
+                t0 = time.perf_counter()
+                fn()
+                best[label] = min(best.get(label, float("inf")), time.perf_counter() - t0)
+    finally:
+        decode.VNNI = saved
+    return best
+
+
 def bench_format(t, args, rng) -> None:
     print(f"\n== {t.name}")
+    modes = kernel_modes(t, args)
     xs = {n: rng.standard_normal(n).astype(np.float32) for n in (1024, 2048, 3072)}
     for n_in, n_out in SHAPES:
         w = make(rng, t, n_in, n_out)
         x = xs[n_in]
         y = np.empty(n_out, np.float32)
         reps = max(3, args.repeats // 4) if n_out > 100_000 else args.repeats
-        s = best_of(lambda: matvec(w, x, out=y), reps)
-        line = f"  {n_in:>5} -> {n_out:<6} decode {w.nbytes / s / 1e9:6.2f} GB/s ({s * 1e6:8.1f} us)   prefill GFLOP/s:"
-        for m in (16, 64, 256):
+        times = best_of_modes(lambda: matvec(w, x, out=y), modes, reps)
+        line = f"  {n_in:>5} -> {n_out:<6} decode " + "  ".join(
+            f"{label}{w.nbytes / s / 1e9:6.2f} GB/s ({s * 1e6:8.1f} us)" for label, s in times.items())
+        for m in (16, 64, 256) if args.prefill else ():
+            line += "   prefill GFLOP/s:" if m == 16 else ""
             X = rng.standard_normal((m, n_in)).astype(np.float32)
             out = np.empty((m, n_out), np.float32)
             s = best_of(lambda: matmul(w, X, out=out), max(2, reps // 4))
@@ -69,8 +106,9 @@ def bench_format(t, args, rng) -> None:
         del w
     small = make(rng, t, 1024, 128)
     y = np.empty(128, np.float32)
-    s = best_of(lambda: matvec(small, xs[1024], out=y), 20 * args.repeats)
-    print(f"  small 1024 -> 128 (a K/V head group): {s * 1e6:.1f} us per call")
+    times = best_of_modes(lambda: matvec(small, xs[1024], out=y), modes, 20 * args.repeats)
+    print("  small 1024 -> 128 (a K/V head group): " + "  ".join(
+        f"{label}{s * 1e6:.1f} us per call" for label, s in times.items()))
     if args.sweep:
         mats = [make(rng, t, n_in, n_out) for _ in range(28) for n_in, n_out in LAYER]
         mats.append(make(rng, t, 1024, 151936))
@@ -80,9 +118,9 @@ def bench_format(t, args, rng) -> None:
         def sweep():
             for w, o in zip(mats, outs):
                 matvec(w, xs[w.n_in], out=o)
-        s = best_of(sweep, max(3, args.repeats // 4))
-        print(f"  sweep of a Qwen3-0.6B-shaped model ({total / 1e6:.0f} MB, {len(mats)} matrices): "
-              f"{total / s / 1e9:.2f} GB/s, {s * 1e3:.1f} ms per token", flush=True)
+        times = best_of_modes(sweep, modes, max(3, args.repeats // 4))
+        print(f"  sweep of a Qwen3-0.6B-shaped model ({total / 1e6:.0f} MB, {len(mats)} matrices): " + "  ".join(
+            f"{label}{total / s / 1e9:.2f} GB/s, {s * 1e3:.1f} ms per token" for label, s in times.items()), flush=True)
         del mats
     if t in (T.Q8_0, T.Q5_0):
         raw = random_blocks(rng, t, 151936 * 896)
@@ -96,7 +134,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
+    ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="decode numbers only")
+    ap.add_argument("--kernels", choices=("auto", "float", "both"), default="auto",
+                    help="decode kernels: VNNI where available (auto), float, or both")
     args = ap.parse_args()
+    if args.kernels == "float":
+        decode.VNNI = False  # also for the prefill "gemv" path
     numba.set_num_threads(args.threads)
     load = os.getloadavg()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, numba {numba.__version__}, "

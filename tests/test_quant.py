@@ -31,6 +31,7 @@ from fucina_course.quant import (
     SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported, dequantize, dequantize_rows,
     matmul, matvec, matvec_quantized, quantize_activations,
 )
+from fucina_course.quant import _simd, decode
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
@@ -52,6 +53,20 @@ def make_weights(t, n_out: int, n_in: int, seed: int = 0, scale: float = 0.02) -
 
 def row_len_for(t, n_blocks: int) -> int:
     return n_blocks * max(QK[t], 32)  # float formats: multiples of 32 keep shapes comparable
+
+
+VNNI_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0]  # formats with integer (VNNI) decode kernels
+_NO_VNNI = "VNNI kernels off: numba's target CPU lacks AVX512-VNNI, or FUCINA_NO_VNNI=1"
+needs_vnni = pytest.mark.skipif(not _simd.HAVE_VNNI, reason=_NO_VNNI)
+
+
+@pytest.fixture(params=["float", "vnni"])
+def kernels(request, monkeypatch):
+    """Run a decode test with the float kernels and, where the CPU has them, the VNNI kernels."""
+    if request.param == "vnni" and not _simd.HAVE_VNNI:
+        pytest.skip(_NO_VNNI)
+    monkeypatch.setattr(decode, "VNNI", request.param == "vnni")
+    return request.param
 
 
 # --- formats and errors --------------------------------------------------------------------------
@@ -292,6 +307,7 @@ def test_activation_quantizers_bit_exact_with_llama_cpp(ggml):
     assert np.array_equal(qa.q.reshape(-1, 256).astype(np.int8), ref[:, 4:260].view(np.int8))
     bsums16 = ref[:, 260:].copy().view(np.int16).astype(np.int32).reshape(-1, 8, 2).sum(-1)
     assert np.array_equal(qa.bsum32.reshape(-1, 8), bsums16)
+    assert np.array_equal(qa.qi.reshape(-1, 256), ref[:, 4:260].view(np.int8))
     for kind in (T.F16, T.BF16):
         ref = _ggml_quantize(ggml, x, kind).view(np.uint16)
         got = quantize_activations(x, kind).q.reshape(-1)
@@ -305,7 +321,7 @@ _DOT = {T.Q8_0: "q8_0_q8_0", T.Q4_0: "q4_0_q8_0", T.Q5_0: "q5_0_q8_0", T.Q4_1: "
 
 
 @pytest.mark.parametrize("t", list(_DOT), ids=lambda t: t.name)
-def test_matvec_matches_llama_cpp_vec_dot(ggml, t):
+def test_matvec_matches_llama_cpp_vec_dot(ggml, t, kernels):
     n_out, n_in = 24, 1024
     raw = make_weights(t, n_out, n_in, seed=7)
     w = QuantMatrix(raw, t, n_out, n_in)
@@ -343,7 +359,7 @@ def _bound(t, w64: np.ndarray, x: np.ndarray, qa) -> np.ndarray:
 
 
 @pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
-def test_matvec_against_reference_and_float64(t):
+def test_matvec_against_reference_and_float64(t, kernels):
     rng = np.random.default_rng(1)
     for seed, (n_out, nb) in enumerate(MV_SHAPES):
         n_in = nb * QK_OR_32(t)
@@ -383,7 +399,7 @@ def test_matvec_quantized_reuses_one_quantization():
 
 
 @pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
-def test_tolerance_catches_one_wrong_quant(t):
+def test_tolerance_catches_one_wrong_quant(t, kernels):
     # the 1e-5 tolerance is tight enough to see a single quant off by one step in a 512-wide row
     n_out, n_in = 4, 512
     raw = make_weights(t, n_out, n_in, seed=8)
@@ -399,6 +415,93 @@ def test_tolerance_catches_one_wrong_quant(t):
     y = matvec(w, x)
     assert np.abs(y[1] - ref_ok[1]) <= 1e-5 * mag[1]
     assert np.abs(y[1] - ref_bad[1]) > 1e-5 * mag[1]
+
+
+# --- the integer (VNNI) kernels -------------------------------------------------------------------
+
+def test_vnni_feature_guard():
+    need = "+avx512f,+avx512bw,+avx512vl,+avx512vnni"
+    assert _simd.vnni_usable("+sse4.2,+avx2," + need)
+    assert not _simd.vnni_usable("+avx2,+avx512f,+avx512bw,+avx512vl,-avx512vnni")   # Ice Lake minus VNNI
+    assert not _simd.vnni_usable("+avx2,+avxvnni")                                    # AVX-VNNI only (Alder Lake)
+    assert not _simd.vnni_usable("")
+    assert _simd.HAVE_VNNI == (_simd.vnni_usable(_simd.numba_cpu_features())
+                               and os.environ.get("FUCINA_NO_VNNI", "") in ("", "0"))
+    if not _simd.HAVE_VNNI:   # the dispatcher must never reach a VNNI kernel then, even if asked to
+        w = QuantMatrix(make_weights(T.Q4_K, 4, 256), T.Q4_K, 4, 256)
+        old = decode.VNNI
+        try:
+            decode.VNNI = True
+            assert np.isfinite(matvec(w, np.ones(256, np.float32))).all()
+        finally:
+            decode.VNNI = old
+
+
+def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarray:
+    """Blocks whose quant bytes (and 6-bit / int8 scales) are all `fill`, with finite f16 scales."""
+    raw = random_blocks(np.random.default_rng(seed), t, n_out * n_in).reshape(n_out, -1)
+    bpb = {T.Q8_0: 34, T.Q4_0: 18, T.Q5_0: 22, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}[t]
+    blk = raw.reshape(n_out, -1, bpb)
+    keep = {T.Q8_0: [(0, 2)], T.Q4_0: [(0, 2)], T.Q5_0: [(0, 2)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
+            T.Q6_K: [(208, 210)]}[t]
+    saved = [blk[:, :, a:b].copy() for a, b in keep]
+    blk[:] = fill
+    for (a, b), v in zip(keep, saved):
+        blk[:, :, a:b] = v
+    return raw.reshape(-1)
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
+def test_vnni_extreme_quants_and_activations(t):
+    # Largest |products|: all quant bytes 0x00 / 0xFF / 0x80 / 0x7F (q at both ends of its range, the
+    # K-quant scales at 0, 63 and the Q6_K int8 scales at -128, -1, 127) against activations that
+    # quantize to +-127 (and a block of zeros); the int16 steps (vpackssdw, vpdpwssd) must not saturate.
+    n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
+    rng = np.random.default_rng(0)
+    xs = [np.where(rng.random(n_in) < 0.5, 1.0, -1.0).astype(np.float32),
+          np.full(n_in, 3.0, np.float32), np.full(n_in, -3.0, np.float32)]
+    xs[0][:256] = 0.0
+    if QK[t] == 256:
+        n_in = 3 * 256
+        xs = [x[:n_in] for x in xs]
+    for fill in (0x00, 0xFF, 0x80, 0x7F, 0x55):
+        w = QuantMatrix(_extreme_weights(t, n_out, n_in, fill, seed=fill), t, n_out, n_in)
+        for x in xs:
+            qa = quantize_activations(x, w.vec_dot_type)
+            assert np.abs(qa.qi).max() in (0, 127)
+            ref = reference_matvec(w.raw, t, qa)
+            mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
+            y = matvec(w, x)
+            assert np.all(np.abs(y - ref) <= 1e-5 * mag + 1e-30), (t.name, hex(fill), np.max(np.abs(y - ref) / mag))
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
+def test_vnni_and_float_kernels_agree(t, monkeypatch):
+    # model-sized rows, a row count that is not a multiple of the 16-row chunks, odd block counts
+    rng = np.random.default_rng(12)
+    for n_out, nb in ((131, 12), (33, 5), (5, 1)):
+        n_in = nb * QK[t]
+        w = QuantMatrix(make_weights(t, n_out, n_in, seed=nb), t, n_out, n_in)
+        x = (rng.standard_normal(n_in) + 0.2).astype(np.float32)
+        qa = quantize_activations(x, w.vec_dot_type)
+        mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
+        monkeypatch.setattr(decode, "VNNI", True)
+        y1 = matvec(w, x)
+        monkeypatch.setattr(decode, "VNNI", False)
+        y0 = matvec(w, x)
+        assert np.all(np.abs(y1 - y0) <= 2e-6 * mag + 1e-30), (t.name, n_out, nb, np.max(np.abs(y1 - y0) / mag))
+
+
+def test_int8_activation_fields():
+    x = _activations(m=3, n=1024)
+    for kind in (T.Q8_0, T.Q8_1, T.Q8_K):
+        qa = quantize_activations(x, kind)
+        assert qa.qi.dtype == np.int8 and qa.qi.shape == x.shape
+        assert qa.q.dtype == np.float32 and np.array_equal(qa.q, qa.qi.astype(np.float32))
+        if kind == T.Q8_K:
+            assert np.array_equal(qa.bsum32, qa.qi.reshape(3, -1, 32).sum(-1, dtype=np.int64))
 
 
 # --- prefill --------------------------------------------------------------------------------------

@@ -26,8 +26,12 @@ What lives where:
 * formats.py -- `SUPPORTED_TYPES`, `check_supported`, block geometry, each format's `vec_dot_type`.
 * dequant.py -- `dequantize`, `dequantize_rows`: bit-exact against `gguf.quants.dequantize`.
 * activations.py -- `quantize_activations`: the activation vector rounded to Q8_0 / Q8_1 / Q8_K /
-  f16 / bf16 exactly as llama.cpp does on x86 (bit-exact against llama.cpp's `quantize_row_q8_*`).
-* decode.py -- decode kernels (`matvec`): integer-exact block products, 32 float lanes per row.
+  f16 / bf16 exactly as llama.cpp does on x86 (bit-exact against llama.cpp's `quantize_row_q8_*`),
+  as int8 (and, on demand, the same integers as float32).
+* decode.py -- decode kernels (`matvec`): integer-exact block products.  Integer VNNI kernels for
+  Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 where the CPU has AVX512-VNNI; float kernels (32 float lanes per
+  row) for the other formats and as the fallback.
+* _simd.py -- the VNNI row dot products, emitted as LLVM IR through numba intrinsics.
 * prefill.py -- prefill (`matmul`): decode kernel per row below 16 rows, else dequantized tiles + BLAS.
 * matrix.py -- `QuantMatrix`: a memory-mapped weight matrix in its block format; `MultiMatrix`:
   several of them sharing one input (q/k/v), quantized once, one output.
@@ -39,20 +43,22 @@ order of float additions differs (agreement ~1e-7 of the sum of |terms|).
 
 Performance (Xeon Sapphire Rapids, 2 cores, AVX-512 + VNNI, numba 0.68.1, numpy 2.4 / OpenBLAS
 0.3.31, 2 threads; bench/bench_matvec.py, best of repeats; load average 0.5-1 while measuring: the
-machine was shared with other work, so treat differences below ~10% as noise).  "Sweep" is every
-matrix of a Qwen3-0.6B-shaped model once, i.e. one decoded token's weight traffic, mostly from DRAM;
-llama.cpp decodes the Q8_0 model at ~11.5 GB/s of weights here.
+machine was shared with other work, so treat differences below ~10% as noise; the sweep varies by
+~15% from run to run).  "Sweep" is every matrix of a Qwen3-0.6B-shaped model once, i.e. one decoded
+token's weight traffic, mostly from DRAM; llama.cpp decodes the Q8_0 model at ~11.5 GB/s of weights
+here.  The first six rows are the VNNI kernels, "was" the float kernels they replace (same bench,
+earlier, quieter machine); prefill is unchanged (the BLAS path from 16 rows on).
 
 | format | decode GB/s, 1024->3072 (in cache) | decode GB/s, model sweep | ms per token, sweep | prefill GFLOP/s m=16 / 64 / 256 (1024->3072) | 1024->128 call |
 |---|---|---|---|---|---|
-| Q8_0 | 21 | 14.4 | 44 | 36 / 105 / 195 | 12 us |
-| Q4_K | 10.4 | 9.1 | 37 | 46 / 126 / 222 | 14 us |
-| Q6_K | 11.5 | 9.9 | 50 | 45 / 121 / 212 | 16 us |
-| Q5_0 | 9.6 | 9.2 | 45 | 42 / 120 / 202 | 17 us |
-| Q4_0 | 11.9 | 9.6 | 35 | 32 / 99 / 193 | 13 us |
+| Q8_0 | 42-50 (was 21) | 15.5-17.6 (was 14.4) | 36-41 (was 44) | 36 / 105 / 195 | 8 us (was 12) |
+| Q4_K | 34-40 (was 10.4) | 13.0-16.7 (was 9.1) | 20-26 (was 37) | 46 / 126 / 222 | 7-8 us (was 14) |
+| Q6_K | 38-43 (was 11.5) | 14.4-15.6 (was 9.9) | 31-34 (was 50) | 45 / 121 / 212 | 7.5 us (was 16) |
+| Q5_0 | 26-30 (was 9.6) | 13.7-15.9 (was 9.2) | 26-30 (was 45) | 42 / 120 / 202 | 8-9 us (was 17) |
+| Q4_0 | 29-30 (was 11.9) | 12.3-15.1 (was 9.6) | 22-27 (was 35) | 32 / 99 / 193 | 8 us (was 13) |
+| Q5_K | 35-38 (was 7.7) | 11.9-13.2 (was 7.0) | 31-35 (was 59) | 44 / 125 / 223 | 7 us (was 19) |
 | Q4_1 | 12.4 | 10.6 | 35 | 27 / 86 / 168 | 14 us |
 | Q5_1 | 11.4 | 9.8 | 46 | 38 / 106 / 194 | 16 us |
-| Q5_K | 7.7 | 7.0 | 59 | 44 / 125 / 223 | 19 us |
 | F16  | 36 | 16.1 | 74 | 46 / 126 / 212 | 14 us |
 | BF16 | 32 | 17.6 | 68 | 46 / 127 / 219 | 21 us |
 | F32  | 30 | 18.6 | 128 | 81 / 192 / 285 | 19 us |
@@ -64,9 +70,10 @@ threads otherwise spin for milliseconds after every kernel and starve the next O
 (matvec + sgemm back to back: 7.6 ms instead of 2.4 ms; under load from another process the
 default made back-to-back matvecs 10x slower).  See decode.py.
 
-The weight-streaming kernels are memory-bound for Q8_0/F16/BF16/F32 (sweep < in-cache speed) and
-compute-bound for the 4/5/6-bit formats, which unpack every quant to float32 (decode.py tells what
-was tried).  Dequantizing a 151936 x 896 embedding table: 0.08 s (Q8_0), 0.07 s (Q5_0) with 2 threads.
+The weight-streaming kernels are memory-bound (sweep well below in-cache speed) for the VNNI
+formats and F16/BF16/F32; the float kernels of Q4_1/Q5_1 (and of every format on CPUs without
+AVX512-VNNI) unpack every quant to float32 and are compute-bound (decode.py and _simd.py tell what
+was tried).  The activation quantization the VNNI kernels need costs ~2.5 us per call from Python.  Dequantizing a 151936 x 896 embedding table: 0.08 s (Q8_0), 0.07 s (Q5_0) with 2 threads.
 """
 
 from .activations import QuantizedActivations, fake_quant, quantize_activations

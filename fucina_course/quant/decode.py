@@ -16,7 +16,18 @@ Every product q_w * q_x is an integer below 2^24, so it is exact in float32; the
 llama.cpp are the order of the float additions (tests: rtol 1e-5 against a numpy transcription of
 the formulas above, reference.py, and against llama.cpp's own `ggml_vec_dot_*` when installed).
 
-Kernel shape (all formats): `prange` over chunks of `_ROWS` output rows; per row one 32-lane float32
+Two kernel families:
+* integer kernels (_simd.py: `mv_q4_k`, ... for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0), used when
+  `VNNI` is true (the default where numba's target CPU has AVX512-VNNI, _simd.HAVE_VNNI): `prange`
+  over chunks of 16 output rows and one call per row of a row-dot intrinsic that multiplies the
+  quant bytes with the int8 activations (`vpdpbusd`) and converts to float once per (super-)block,
+  as ggml does.  Per call, before the parallel loop, a small activation-side array is made: Q4_K's
+  activations permuted to its zmm nibble order, or the per-lane offsets of the formats whose quants
+  are signed.  _simd.py explains the arithmetic and lists the variants measured.
+* float kernels (all formats; the only ones for Q4_1, Q5_1, F16, BF16, F32, and the fallback),
+  described below.
+
+Float kernel shape: `prange` over chunks of `_ROWS` output rows; per row one 32-lane float32
 accumulator `acc`, to which every block adds `scale * (float(q_w) * q_x)` lane-wise; the 32 lanes are
 summed once per row.  The lane loops are plain unit-stride loops over bytes of the block, which
 LLVM turns into `vpmovzxbd/vcvtdq2ps/vfmadd231ps` on ymm registers.  The activation vector (q_x as
@@ -24,10 +35,12 @@ float32, 4 KB per 1024 inputs) stays in L1.  Each block also issues a software p
 `_PREFETCH` bytes ahead in the weight stream.  The number of threads is numba's
 (`numba.set_num_threads`, set by the caller).
 
-Small matrices: a 1024 -> 128 matrix (a K/V projection) costs 12-16 us per call, of which ~4 us is
-Python plus the activation quantization, ~2 us waking the thread pool and ~6 us streaming 139 KB.
-Callers that multiply one vector by several matrices of the same `vec_dot_type` (Q, K, V) can
-quantize it once with `quantize_activations` and call `matvec_quantized` for each.
+Small matrices: a 1024 -> 128 matrix (a K/V projection) costs 7.5-9 us per call with the integer
+kernels (12-16 us with the float ones), of which ~2.5 us is the activation quantization (called
+from Python: 1 us of work), ~1-2 us other Python, ~2 us starting the parallel region and the rest
+streaming 74-139 KB.  Callers that multiply one vector by several matrices of the same
+`vec_dot_type` (Q, K, V) can quantize it once with `quantize_activations` and call
+`matvec_quantized` for each.
 
 Measured (Xeon Sapphire Rapids VM, 2 cores, AVX-512/VNNI, numba 0.68.1 / llvmlite 0.50, 2 threads,
 shared machine, best of repeats).  "Sweep" = every matrix of a Qwen3-0.6B-shaped model once (197
@@ -63,11 +76,33 @@ Per-format lessons (same machine; bench/bench_matvec.py prints the full table):
   5.3 to 7.0 GB/s.
 * 512-bit vectors (`NUMBA_CPU_FEATURES=...,-prefer-256-bit`; LLVM prefers ymm on this CPU): Q4_K
   sweep 9.0 -> 9.9, Q8_0 17.2 -> 17.3 GB/s, within noise; not adopted (a process-wide setting).
-* The 4-/5-/6-bit kernels are compute-bound (their in-cache speed is close to their sweep speed):
-  they widen every quant to float32, ~3.5 vector instructions per 8 weights.  ggml multiplies bytes
-  directly (`vpmaddubsw` / VNNI `vpdpbusd`, 32-64 multiply-adds per instruction), which LLVM does
-  not derive from numba's scalar loops.  Even so, per decoded token the sweep takes 37 ms as Q4_K
-  vs 44 ms as Q8_0.
+* The float 4-/5-/6-bit kernels are compute-bound (their in-cache speed is close to their sweep
+  speed): they widen every quant to float32, ~3.5 vector instructions per 8 weights.  ggml
+  multiplies bytes directly (`vpmaddubsw` / VNNI `vpdpbusd`, 32-64 multiply-adds per instruction),
+  which LLVM does not derive from numba's scalar loops -- hence the integer kernels of _simd.py,
+  which emit vpdpbusd themselves.  With them every format's in-cache speed is 2-4x its sweep speed:
+  the sweep is bound by memory and per-call overhead, not by arithmetic.
+
+Integer (VNNI) vs float kernels through `matvec` (bench/bench_matvec.py --no-prefill --kernels both,
+two runs, the two kernel sets alternating in each; load average 0.5-1.0, so the float numbers here
+are ~10% below the ones measured earlier on a quieter machine, in __init__.py):
+
+| format | sweep float -> VNNI (GB/s) | ms per token | 1024->3072 in cache | 1024->151936 | 1024->128 call |
+|---|---|---|---|---|---|
+| Q4_K | 8.4 -> 14.4-14.5 | 40 -> 23 | 10.1-10.4 -> 37-38 | 10.7 -> 30-32 | 13.7 -> 7.6 us |
+| Q6_K | 9.3-9.4 -> 14.4-15.5 | 52 -> 32-34 | 10.3 -> 38-40 | 11.3-11.8 -> 27 | 15.0 -> 7.5 us |
+| Q5_0 | 8.0-8.1 -> 13.7-14.0 | 51 -> 29-30 | 9.4-9.8 -> 26-30 | 9.7-9.9 -> 24-26 | 15.6 -> 8.4 us |
+| Q4_0 | 8.1-9.0 -> 12.3-13.0 | 37-42 -> 26-27 | 11.0-11.2 -> 29-30 | 10.9-11.4 -> 23-28 | 13.5 -> 8.1 us |
+| Q5_K | 6.3 -> 11.9-12.8 | 65 -> 32-35 | 7.1 -> 35-38 | 7.2-7.3 -> 20-21 | 18.6 -> 7.1 us |
+| Q8_0 | 13.2-13.8 -> 15.5-17.2 | 46-48 -> 37-41 | 20.7-21.0 -> 38-42 | 20-21 -> 27-29 | 12.3 -> 8.1 us |
+
+Run alone (no alternation; `python bench/bench_matvec.py --no-prefill`, five runs at load average
+0.5-1.6) the VNNI sweep gave 13.0-16.7 GB/s for Q4_K (20-26 ms per token; 15.4 / 14.2 / 13.0 /
+16.7 / 15.8), 14.7-15.6 for Q6_K and 14.4-15.9 for Q5_0: the sweep varies with what else the two
+cores run.  The 1024->151936 column is one 87-280 MB matrix called back to back (partly
+L3-resident on this VM).  Whole model (`fucina bench MODEL --pp 16 --tg 64`, FUCINA_NO_VNNI=1 vs
+default, same minute): Qwen3-0.6B-geometry Q4_K decode 19.3 -> 31.3 tok/s (llama.cpp: ~32);
+Qwen2.5-Coder-0.5B Q4_K_M (mostly Q5_0 and Q8_0) 18.7 -> 27.0 tok/s.
 """
 
 from __future__ import annotations
@@ -88,6 +123,7 @@ import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
+from . import _simd  # noqa: E402
 from ._intrinsics import f16_to_f32, prefetch, u32_as_f32  # noqa: E402
 from .activations import quantize_activations  # noqa: E402
 from .matrix import MultiMatrix  # noqa: E402
@@ -96,6 +132,11 @@ _ROWS = 16          # output rows per parallel chunk
 _PREFETCH = 2048    # bytes ahead in the weight stream
 _FM = {"contract", "reassoc", "nsz"}  # FMA + re-association of the final 32-lane sum; keeps inf/nan
 _BIT = (1 << np.arange(32, dtype=np.uint64)).astype(np.uint32)  # lane j tests bit j of qh: no per-lane shifts
+
+# Integer (VNNI) kernels where the CPU numba compiles for has them; assign False to use the float
+# kernels (the benchmarks and tests compare both).  Assigning True on a CPU without AVX512-VNNI
+# changes nothing: the dispatcher also checks _simd.HAVE_VNNI.
+VNNI = _simd.HAVE_VNNI
 
 
 @njit(inline="always")
@@ -435,6 +476,10 @@ def _mv_f32(w32, wf, x, y):
 
 # --- dispatch ------------------------------------------------------------------------------------------
 
+_VNNI_FORMATS = _simd.KERNELS        # format -> (integer kernel, takes bsum32)
+_VNNI_KERNELS = {int(t): k for t, k in _VNNI_FORMATS.items()}
+
+
 def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     """out f32[n_out] = W @ x for x = row `row` of activations already converted by `quantize_activations`.
 
@@ -442,12 +487,21 @@ def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     same `vec_dot_type` (e.g. the Q, K and V projections of one layer).  Shapes are not checked.
     """
     t = w.ggml_type
-    if qa.kind != w.vec_dot_type:
+    if qa.kind is not w.vec_dot_type and qa.kind != w.vec_dot_type:  # `is`: Enum == is a Python call
         raise ValueError(f"{w.name!r} ({t.name}) needs activations as {w.vec_dot_type.name}, got {qa.kind.name}")
     if isinstance(w, MultiMatrix):
         for part, (a, b) in zip(w.parts, w.bounds):
             matvec_quantized(part, qa, out[a:b], row)
         return out
+    if VNNI and _simd.HAVE_VNNI:
+        k = _VNNI_KERNELS.get(t._value_)  # keyed by int: an Enum's __hash__ is a Python call
+        if k is not None:
+            kernel, with_bsum = k
+            if with_bsum:
+                kernel(w.raw, w.flat, qa.qi[row], qa.d[row], qa.bsum32[row], out)
+            else:
+                kernel(w.raw, w.flat, qa.qi[row], qa.d[row], out)
+            return out
     xq = qa.q[row]
     if t == T.Q8_0:
         _mv_q8_0(w.raw, w.flat, xq, qa.d[row], out)

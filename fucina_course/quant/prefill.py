@@ -46,6 +46,12 @@ multiply-adds/s: sharing weight loads saves little when every multiply-add costs
 Q4_K: blas m=16/64/256 = 46/126/222 GFLOP/s vs gemv ~40, hence `PREFILL_MIN_ROWS = 16` (to change
 it, assign `fucina_course.quant.prefill.PREFILL_MIN_ROWS`, or pass `path=`).  Q4_1/Q5_1 pay ~10%
 for the block-sum correction.
+
+Not yet re-tuned for the integer (VNNI) decode kernels (decode.py), which made "gemv" 2-3x faster:
+measured GFLOP/s gemv vs blas, 1024->3072, m = 16 / 32 / 64 -- Q4_K ~130 vs 44 / 70 / 125, Q5_0
+~85 vs 44 / 76 / 110, Q8_0 ~80 vs 36 / 60 / 100 (gemv is flat in m; noisy, shared machine).  The
+crossover moved from 16 to ~48-64 rows for these formats; raising PREFILL_MIN_ROWS per format would
+speed up short prompts (the two paths agree to ~1e-6, see below).
 """
 
 from __future__ import annotations
