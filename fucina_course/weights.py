@@ -8,10 +8,11 @@ its file.  Two conveniences sit on top:
   the whole 151,936-row table.
 * **Tied output.**  Many small models reuse the embedding table as the output projection (lm_head).
   `Model.load` then hands the *same* `LinearWeight` to both roles: no copy, no second mapping.
-* **Fused projections.**  q/k/v (and the FFN's gate/up) read the same input.  `FusedLinear` runs
-  them as one kernel call when their formats allow (the activation row is quantized once and one
-  thread pool pass covers every output row), and falls back to one call per part when they do not
-  (e.g. the Qwen2.5-Coder file stores q/k in Q5_0 and v in Q8_0).
+* **Fused projections.**  q/k/v (and the FFN's gate/up) read the same input.  When their formats
+  match, `FusedLinear` treats them as one `[sum n_out, n_in]` matrix (`quant.MultiMatrix`): the
+  activations are quantized once and every part's kernel writes its slice of one output, with no
+  weight bytes copied or concatenated.  When formats differ (the Qwen2.5-Coder file stores q/k in
+  Q5_0 and v in Q8_0) it falls back to one call per part.
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ class FusedLinear:
         self.parts = parts
         self.splits = np.cumsum([p.n_out for p in parts])[:-1].tolist()
         same = len({(p.info.ggml_type, p.n_in) for p in parts}) == 1
-        self.fused = quant.MultiMatrix([p.matrix for p in parts]) if same and hasattr(quant, "MultiMatrix") else None
+        self.fused = quant.MultiMatrix([p.matrix for p in parts]) if same else None
         biases = [p.bias if p.bias is not None else np.zeros(p.n_out, np.float32) for p in parts]
         self.bias = np.concatenate(biases) if any(p.bias is not None for p in parts) else None
 

@@ -1,0 +1,65 @@
+"""Where the time goes: one decode step and one prefill, split by stage (Model.profile).
+
+    python bench/profile_step.py MODEL [--threads 2] [--prefill 256] [--context 64]
+
+MODEL as for bench_vs_llama.py (a path, a named model, or synth:qwen3-0.6b:FMT).  Decode is
+measured at position `--context` (a short conversation), averaged over 32 steps after a warm-up;
+prefill is one `--prefill`-token step into a fresh cache.  Stages are the `Model._timed` blocks:
+the weight matmuls (attn_norm+qkv, attn_out, ffn, lm_head) include their small neighbours (norms,
+SwiGLU, residual adds); "attention" includes the KV-cache append.  The weight bytes read per
+decode step and the implied GB/s are printed next to the machine's measured ceiling
+(bench/bench_roofline.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", type=int, default=256)
+    ap.add_argument("--context", type=int, default=64)
+    args = ap.parse_args()
+    os.environ["OPENBLAS_NUM_THREADS"] = str(args.threads)
+    sys.path.insert(0, os.path.dirname(__file__))
+    from bench_vs_llama import resolve
+    from fucina_course.model import Model
+
+    model = Model.load(resolve(args.model), threads=args.threads)
+    ids = list(range(1000, 1000 + max(args.prefill, args.context)))
+
+    cache = model.new_cache(args.context + 64)
+    model.forward_step(ids[: args.context], 0, cache)
+    for _ in range(4):
+        model.forward_step([7], cache.len, cache)
+    model.profile = {}
+    steps = 32
+    t = time.perf_counter()
+    for _ in range(steps):
+        model.forward_step([7], cache.len, cache)
+    per_step = (time.perf_counter() - t) / steps
+    weights = sum(p.nbytes for layer in model.layers
+                  for p in (*layer.qkv.parts, layer.attn_out, *layer.gate_up.parts, layer.down)) + model.output.nbytes
+    print(f"decode at position ~{args.context}: {per_step * 1e3:.1f} ms/token ({1 / per_step:.1f} tok/s), "
+          f"{weights / 2**20:.0f} MiB of weights read per token = {weights / per_step / 1e9:.1f} GB/s")
+    for stage, secs in sorted(model.profile.items(), key=lambda kv: -kv[1]):
+        print(f"  {stage:>15}: {secs / steps * 1e3:6.2f} ms  ({secs / steps / per_step:5.1%})")
+
+    model.forward_step(ids[: args.prefill], 0, model.new_cache(args.prefill))  # warm-up
+    model.profile = {}
+    t = time.perf_counter()
+    model.forward_step(ids[: args.prefill], 0, model.new_cache(args.prefill))
+    total = time.perf_counter() - t
+    print(f"prefill of {args.prefill} tokens: {total * 1e3:.0f} ms ({args.prefill / total:.1f} tok/s)")
+    for stage, secs in sorted(model.profile.items(), key=lambda kv: -kv[1]):
+        print(f"  {stage:>15}: {secs * 1e3:7.1f} ms  ({secs / total:5.1%})")
+
+
+if __name__ == "__main__":
+    main()
