@@ -4,16 +4,25 @@
     python bench/bench_matvec.py --formats Q8_0,Q4_1 --repeats 20 --no-sweep
     python bench/bench_matvec.py --formats Q4_K --no-prefill        # decode only (faster)
     python bench/bench_matvec.py --formats Q4_K,Q5_0 --no-prefill --kernels both   # VNNI vs float kernels
+    python bench/bench_matvec.py --formats Q4_K --prefill-m 2,4,8,16,32,64,128,256 --paths rows,blas
+    python bench/bench_matvec.py --formats Q8_0 --no-prefill --sweep-m 1,2,4,8   # batch-decode sweep
 
 Prints, per format:
   * decode (matvec) GB/s = bytes of the quantized matrix / time, best of --repeats, for the four
     Qwen3-0.6B shapes n_in -> n_out: 1024->2048 (q), 1024->3072 (gate/up), 3072->1024 (down),
     1024->151936 (output).  A matrix called back to back sits partly in cache (this VM reports a
     480 MB shared L3), so these are optimistic;
+  * prefill (matmul) GFLOP/s = 2 m n_out n_in / time for each m of --prefill-m and each path of
+    --paths ("auto", "rows": the multi-row integer kernels, "gemv": one decode call per row,
+    "blas": dequantized tiles + sgemm; prefill.py), for the first three shapes (not the 151936-row
+    output matrix).  After every BLAS measurement the bench sleeps 0.15 s, so that OpenBLAS's worker
+    threads stop spinning (they busy-wait ~0.1 s after each call, see prefill.py) and do not slow the
+    next numba measurement;
   * "sweep" GB/s: every matrix of a 28-layer Qwen3-0.6B-shaped model once (q,k,v,o,gate,up,down x 28 +
     output, 0.33-1.2 GB depending on the format): the traffic of one decoded token, mostly from DRAM.
-    Compare with llama.cpp's ~11.5 GB/s decoding a Q8_0 Qwen3-0.6B on this machine (DESIGN.md);
-  * prefill (matmul) GFLOP/s = 2 m n_out n_in / time for m = 16, 64, 256 (path "auto");
+    Compare with llama.cpp's ~11.5 GB/s decoding a Q8_0 Qwen3-0.6B on this machine (DESIGN.md).
+    With --sweep-m 1,2,4: the same sweep for m activation rows at once (batch decode of m streams:
+    `matmul`, path "auto"), in GB/s of weights and ms per step;
   * the time to dequantize a 151936 x 896 embedding table (Q8_0 and Q5_0 only).
 
 --kernels: "auto" (the integer VNNI kernels where the CPU has them, decode.VNNI), "float" (the
@@ -34,7 +43,7 @@ import numba
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from fucina_course.quant import QuantMatrix, decode, dequantize, matmul, matvec
+from fucina_course.quant import QuantMatrix, decode, dequantize, matmul, matvec, prefill
 from fucina_course.quant.reference import random_blocks
 
 SHAPES = [(1024, 2048), (1024, 3072), (3072, 1024), (1024, 151936)]  # (n_in, n_out)
@@ -84,6 +93,22 @@ def best_of_modes(fn, modes, repeats: int) -> dict[str, float]:
     return best
 
 
+def bench_prefill(w, args, rng) -> None:
+    """One line per path: matmul GFLOP/s for each m of --prefill-m (see the module docstring)."""
+    for path in args.paths:
+        if path == "rows" and not prefill.has_rows_kernel(w):
+            continue
+        line = f"  {'':>15} prefill {path:<4} GFLOP/s:"
+        for m in args.prefill_m:
+            X = rng.standard_normal((m, w.n_in)).astype(np.float32)
+            out = np.empty((m, w.n_out), np.float32)
+            s = best_of(lambda: matmul(w, X, out=out, path=path), max(3, min(args.repeats, 200 // m)))
+            line += f"  m={m} {2 * m * w.n_in * w.n_out / s / 1e9:6.1f}"
+            if path in ("blas", "auto"):
+                time.sleep(0.15)   # let OpenBLAS's workers stop spinning before the next measurement
+        print(line, flush=True)
+
+
 def bench_format(t, args, rng) -> None:
     print(f"\n== {t.name}")
     modes = kernel_modes(t, args)
@@ -96,13 +121,9 @@ def bench_format(t, args, rng) -> None:
         times = best_of_modes(lambda: matvec(w, x, out=y), modes, reps)
         line = f"  {n_in:>5} -> {n_out:<6} decode " + "  ".join(
             f"{label}{w.nbytes / s / 1e9:6.2f} GB/s ({s * 1e6:8.1f} us)" for label, s in times.items())
-        for m in (16, 64, 256) if args.prefill else ():
-            line += "   prefill GFLOP/s:" if m == 16 else ""
-            X = rng.standard_normal((m, n_in)).astype(np.float32)
-            out = np.empty((m, n_out), np.float32)
-            s = best_of(lambda: matmul(w, X, out=out), max(2, reps // 4))
-            line += f"  m={m} {2 * m * n_in * n_out / s / 1e9:6.1f}"
         print(line, flush=True)
+        if args.prefill and n_out < 100_000:
+            bench_prefill(w, args, rng)
         del w
     small = make(rng, t, 1024, 128)
     y = np.empty(128, np.float32)
@@ -118,9 +139,21 @@ def bench_format(t, args, rng) -> None:
         def sweep():
             for w, o in zip(mats, outs):
                 matvec(w, xs[w.n_in], out=o)
-        times = best_of_modes(sweep, modes, max(3, args.repeats // 4))
-        print(f"  sweep of a Qwen3-0.6B-shaped model ({total / 1e6:.0f} MB, {len(mats)} matrices): " + "  ".join(
-            f"{label}{total / s / 1e9:.2f} GB/s, {s * 1e3:.1f} ms per token" for label, s in times.items()), flush=True)
+        if 1 in args.sweep_m:
+            times = best_of_modes(sweep, modes, max(3, args.repeats // 4))
+            print(f"  sweep of a Qwen3-0.6B-shaped model ({total / 1e6:.0f} MB, {len(mats)} matrices): " + "  ".join(
+                f"{label}{total / s / 1e9:.2f} GB/s, {s * 1e3:.1f} ms per token" for label, s in times.items()),
+                flush=True)
+        for m in (m for m in args.sweep_m if m > 1):
+            Xs = {n: rng.standard_normal((m, n)).astype(np.float32) for n in (1024, 2048, 3072)}
+            outs_m = [np.empty((m, w.n_out), np.float32) for w in mats]
+
+            def sweep_m():
+                for w, o in zip(mats, outs_m):
+                    matmul(w, Xs[w.n_in], out=o)
+            s = best_of(sweep_m, max(3, args.repeats // 4))
+            print(f"  sweep, {m} activation rows (batch decode, matmul auto): {total / s / 1e9:.2f} GB/s, "
+                  f"{s * 1e3:.1f} ms per step", flush=True)
         del mats
     if t in (T.Q8_0, T.Q5_0):
         raw = random_blocks(rng, t, 151936 * 896)
@@ -135,9 +168,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--no-sweep", dest="sweep", action="store_false")
     ap.add_argument("--no-prefill", dest="prefill", action="store_false", help="decode numbers only")
+    ap.add_argument("--prefill-m", default="4,16,64,256", help="activation rows of the prefill numbers")
+    ap.add_argument("--paths", default="rows,gemv,blas", help="matmul paths: auto, rows, gemv, blas")
+    ap.add_argument("--sweep-m", default="1", help="activation rows of the sweeps (1 = decode, matvec)")
     ap.add_argument("--kernels", choices=("auto", "float", "both"), default="auto",
                     help="decode kernels: VNNI where available (auto), float, or both")
     args = ap.parse_args()
+    args.prefill_m = [int(m) for m in args.prefill_m.split(",")]
+    args.paths = [p.strip() for p in args.paths.split(",")]
+    args.sweep_m = [int(m) for m in args.sweep_m.split(",")]
     if args.kernels == "float":
         decode.VNNI = False  # also for the prefill "gemv" path
     numba.set_num_threads(args.threads)

@@ -31,7 +31,7 @@ from fucina_course.quant import (
     SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported, dequantize, dequantize_rows,
     matmul, matvec, matvec_quantized, quantize_activations,
 )
-from fucina_course.quant import _simd, decode
+from fucina_course.quant import _simd, decode, prefill
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
@@ -514,20 +514,91 @@ def test_matmul_paths_agree_with_decode(t):
     X = (rng.standard_normal((19, n_in)) + 0.3).astype(np.float32)  # offset: Q8_1 block sums matter
     dec = np.stack([matvec(w, x) for x in X])                          # [m, n_out]
     gemv = matmul(w, X, path="gemv")
+    rows = matmul(w, X, path="rows")   # multi-row integer kernel (VNNI formats), else the gemv path
     blas = matmul(w, X, path="blas")
     auto = matmul(w, X)
     w64 = w.dequantize().astype(np.float64)
     mag = np.abs(X.astype(np.float64)) @ np.abs(w64).T                 # [m, n_out]
     assert np.array_equal(gemv, dec)
+    assert np.array_equal(rows, dec)                                   # bit-identical, not just close
     assert np.all(np.abs(blas - dec) <= 1e-5 * mag + 1e-30), (t.name, np.max(np.abs(blas - dec) / mag))
-    assert np.array_equal(auto, blas)                                  # 19 rows >= PREFILL_MIN_ROWS
+    if prefill.has_rows_kernel(w):                                     # 19 rows < ROWS_BLAS_MIN_ROWS
+        assert 19 < prefill.ROWS_BLAS_MIN_ROWS[t] and np.array_equal(auto, rows)
+    else:                                                              # 19 rows >= PREFILL_MIN_ROWS
+        assert np.array_equal(auto, blas)
     f32 = matmul(w, X, path="blas", exact_activations=False)
     exact = X.astype(np.float64) @ w64.T
     assert np.all(np.abs(f32 - exact) <= 1e-5 * mag + 1e-30)
     out = np.empty((19, n_out), np.float32)
-    assert matmul(w, X, out=out) is out and np.array_equal(out, blas)
+    assert matmul(w, X, out=out) is out and np.array_equal(out, auto)
     one = matmul(w, X[:1])                                             # m = 1 goes through gemv
     assert np.array_equal(one[0], dec[0])
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
+def test_rows_kernels_bit_identical_to_decode(t):
+    # every tile shape (m around the 8-row tile, more than one tile), row counts that are not
+    # multiples of the 16-row chunks, odd block counts (the 32-element formats' ymm tail block)
+    rng = np.random.default_rng(21)
+    for n_out, nb, ms in ((37, 3, (2, 7, 8, 9)), (70, 5, (1, 3, 16, 17, 33)), (5, 1, (4, 12))):
+        nb = nb if QK[t] == 256 else 2 * nb + 1
+        n_in = nb * QK[t]
+        w = QuantMatrix(make_weights(t, n_out, n_in, seed=nb), t, n_out, n_in)
+        for m in ms:
+            X = (rng.standard_normal((m, n_in)) * rng.random((m, 1)) * 3 + 0.1).astype(np.float32)
+            X[0, :QK[t]] = 0.0                                         # an all-zero activation block
+            dec = np.stack([matvec(w, x) for x in X])                  # the one-row VNNI kernel
+            got = np.full((m, n_out), np.nan, np.float32)
+            assert prefill.matmul_rows(w, X, got) is got
+            assert np.array_equal(got, dec), (t.name, n_out, nb, m, np.nanmax(np.abs(got - dec)))
+
+
+@needs_vnni
+@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
+def test_rows_kernels_extreme_quants(t):
+    # test_vnni_extreme_quants_and_activations for the multi-row kernels: the same integer lanes
+    # (their weight-side offsets included) must come out for saturating weights and activations
+    n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
+    if QK[t] == 256:
+        n_in = 3 * 256
+    rng = np.random.default_rng(0)
+    X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0), np.full(n_in, -3.0),
+                  np.zeros(n_in)]).astype(np.float32)
+    for fill in (0x00, 0xFF, 0x80, 0x7F, 0x55):
+        w = QuantMatrix(_extreme_weights(t, n_out, n_in, fill, seed=fill), t, n_out, n_in)
+        dec = np.stack([matvec(w, x) for x in X])
+        assert np.array_equal(matmul(w, X, path="rows"), dec), (t.name, hex(fill))
+
+
+def test_rows_path_without_vnni_is_gemv(monkeypatch):
+    # with the float kernels (FUCINA_NO_VNNI=1 or decode.VNNI off) "rows" falls back to one decode
+    # call per row, and "auto" to the gemv/blas rule
+    monkeypatch.setattr(decode, "VNNI", False)
+    rng = np.random.default_rng(5)
+    w = QuantMatrix(make_weights(T.Q4_K, 24, 512, seed=2), T.Q4_K, 24, 512)
+    assert not prefill.has_rows_kernel(w)
+    X = rng.standard_normal((5, 512)).astype(np.float32)
+    dec = np.stack([matvec(w, x) for x in X])
+    assert np.array_equal(matmul(w, X, path="rows"), dec)
+    assert np.array_equal(matmul(w, X), dec)                           # 5 < PREFILL_MIN_ROWS: gemv
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q8_0, T.Q4_1, T.F32], ids=lambda t: t.name)
+def test_matmul_zero_rows(t):
+    n_in = 2 * QK_OR_32(t)
+    w = QuantMatrix(make_weights(t, 8, n_in), t, 8, n_in)
+    for path in ("auto", "rows", "gemv", "blas"):
+        assert matmul(w, np.zeros((0, n_in), np.float32), path=path).shape == (0, 8), path
+
+
+def test_openblas_spin_rule():
+    spin = prefill.openblas_workers_spin
+    assert spin({}) and spin({"OPENBLAS_NUM_THREADS": "2"}) and spin({"OPENBLAS_THREAD_TIMEOUT": "28"})
+    assert not spin({"OPENBLAS_THREAD_TIMEOUT": "4"}) and not spin({"GOTO_THREAD_TIMEOUT": "20"})
+    assert not spin({"OPENBLAS_NUM_THREADS": "1"}) and not spin({"OMP_NUM_THREADS": "1"})
+    assert spin({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"})  # OpenBLAS's own variable wins
+    assert set(prefill.ROWS_BLAS_MIN_ROWS) == set(_simd.MM_KERNELS)
 
 
 def test_matmul_large_tiles():
@@ -547,7 +618,7 @@ def test_matmul_large_tiles():
     assert np.allclose(tiled, whole, rtol=0, atol=1e-6 * np.abs(whole).max())
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.F32], ids=lambda t: t.name)
 def test_multimatrix_equals_separate_parts(t):
     n_in = 2 * QK_OR_32(t)
     parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}") for n in (24, 8, 8)]
@@ -557,7 +628,7 @@ def test_multimatrix_equals_separate_parts(t):
     x = rng.standard_normal(n_in).astype(np.float32)
     assert np.array_equal(matvec(mm, x), np.concatenate([matvec(p, x) for p in parts]))
     X = rng.standard_normal((20, n_in)).astype(np.float32) + 0.2
-    for path in ("gemv", "blas"):
+    for path in ("gemv", "rows", "blas"):
         want = np.concatenate([matmul(p, X, path=path) for p in parts], axis=1)
         assert np.array_equal(matmul(mm, X, path=path), want), path
     f32 = np.concatenate([matmul(p, X, path="blas", exact_activations=False) for p in parts], axis=1)

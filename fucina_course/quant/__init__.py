@@ -31,15 +31,21 @@ What lives where:
 * decode.py -- decode kernels (`matvec`): integer-exact block products.  Integer VNNI kernels for
   Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 where the CPU has AVX512-VNNI; float kernels (32 float lanes per
   row) for the other formats and as the fallback.
-* _simd.py -- the VNNI row dot products, emitted as LLVM IR through numba intrinsics.
-* prefill.py -- prefill (`matmul`): decode kernel per row below 16 rows, else dequantized tiles + BLAS.
+* _simd.py -- the VNNI row dot products, emitted as LLVM IR through numba intrinsics: one weight row
+  x one activation vector (decode), and one weight row x a tile of up to 8 activation rows (the
+  multi-row kernels of `matmul`, bit-identical per row to the decode kernels).
+* prefill.py -- prefill and batch decode (`matmul`): the multi-row integer kernels for the VNNI formats
+  below `ROWS_BLAS_MIN_ROWS` rows (64, or 256-512 when OpenBLAS's workers do not spin), the decode
+  kernel per row for the other formats below 16 rows, else dequantized tiles + BLAS.
 * matrix.py -- `QuantMatrix`: a memory-mapped weight matrix in its block format; `MultiMatrix`:
-  several of them sharing one input (q/k/v), quantized once, one output.
+  several of them sharing one input (q/k/v), quantized once, one output (one multi-row kernel call
+  for all parts).
 * reference.py -- slow numpy transcription of ggml's dot products (the kernels' test oracle).
 
 Numerics: decode and prefill (with the default `exact_activations=True`) compute ggml's
 formulas: same activation rounding, same integer block sums, same float32 scale products; only the
-order of float additions differs (agreement ~1e-7 of the sum of |terms|).
+order of float additions differs (agreement ~1e-7 of the sum of |terms|).  The multi-row kernels
+and the decode kernels agree bit for bit, so a batch of N streams decodes exactly as N single steps.
 
 Performance (Xeon Sapphire Rapids, 2 cores, AVX-512 + VNNI, numba 0.68.1, numpy 2.4 / OpenBLAS
 0.3.31, 2 threads; bench/bench_matvec.py, best of repeats; load average 0.5-1 while measuring: the
@@ -47,24 +53,30 @@ machine was shared with other work, so treat differences below ~10% as noise; th
 ~15% from run to run).  "Sweep" is every matrix of a Qwen3-0.6B-shaped model once, i.e. one decoded
 token's weight traffic, mostly from DRAM; llama.cpp decodes the Q8_0 model at ~11.5 GB/s of weights
 here.  The first six rows are the VNNI kernels, "was" the float kernels they replace (same bench,
-earlier, quieter machine); prefill is unchanged (the BLAS path from 16 rows on).
+earlier, quieter machine).  Prefill for those six: the multi-row kernels (path "rows") at m = 16 /
+64 / 256, "was" the BLAS path then used from 16 rows on; "sweep x4" = ms per step of the model sweep
+with 4 activation rows at once (batch decode of 4 streams; 4 decode calls per matrix took 35-37 ms
+for Q4_K and 58 ms for Q8_0).  Details in prefill.py.
 
-| format | decode GB/s, 1024->3072 (in cache) | decode GB/s, model sweep | ms per token, sweep | prefill GFLOP/s m=16 / 64 / 256 (1024->3072) | 1024->128 call |
-|---|---|---|---|---|---|
-| Q8_0 | 42-50 (was 21) | 15.5-17.6 (was 14.4) | 36-41 (was 44) | 36 / 105 / 195 | 8 us (was 12) |
-| Q4_K | 34-40 (was 10.4) | 13.0-16.7 (was 9.1) | 20-26 (was 37) | 46 / 126 / 222 | 7-8 us (was 14) |
-| Q6_K | 38-43 (was 11.5) | 14.4-15.6 (was 9.9) | 31-34 (was 50) | 45 / 121 / 212 | 7.5 us (was 16) |
-| Q5_0 | 26-30 (was 9.6) | 13.7-15.9 (was 9.2) | 26-30 (was 45) | 42 / 120 / 202 | 8-9 us (was 17) |
-| Q4_0 | 29-30 (was 11.9) | 12.3-15.1 (was 9.6) | 22-27 (was 35) | 32 / 99 / 193 | 8 us (was 13) |
-| Q5_K | 35-38 (was 7.7) | 11.9-13.2 (was 7.0) | 31-35 (was 59) | 44 / 125 / 223 | 7 us (was 19) |
-| Q4_1 | 12.4 | 10.6 | 35 | 27 / 86 / 168 | 14 us |
-| Q5_1 | 11.4 | 9.8 | 46 | 38 / 106 / 194 | 16 us |
-| F16  | 36 | 16.1 | 74 | 46 / 126 / 212 | 14 us |
-| BF16 | 32 | 17.6 | 68 | 46 / 127 / 219 | 21 us |
-| F32  | 30 | 18.6 | 128 | 81 / 192 / 285 | 19 us |
+| format | decode GB/s, 1024->3072 (in cache) | decode GB/s, model sweep | ms per token, sweep | ms per step, sweep x4 | prefill GFLOP/s m=16 / 64 / 256 (1024->3072) | 1024->128 call |
+|---|---|---|---|---|---|---|
+| Q8_0 | 42-50 (was 21) | 15.5-17.6 (was 14.4) | 36-41 (was 44) | 46-51 | 200 / 219 / 196 (was 36 / 105 / 195) | 8 us (was 12) |
+| Q4_K | 34-40 (was 10.4) | 13.0-16.7 (was 9.1) | 20-26 (was 37) | 29-33 | 259 / 240 / 261 (was 46 / 126 / 222) | 7-8 us (was 14) |
+| Q6_K | 38-43 (was 11.5) | 14.4-15.6 (was 9.9) | 31-34 (was 50) | 36-37 | 283 / 276 / 267 (was 45 / 121 / 212) | 7.5 us (was 16) |
+| Q5_0 | 26-30 (was 9.6) | 13.7-15.9 (was 9.2) | 26-30 (was 45) | 41-42 | 204 / 198 / 201 (was 42 / 120 / 202) | 8-9 us (was 17) |
+| Q4_0 | 29-30 (was 11.9) | 12.3-15.1 (was 9.6) | 22-27 (was 35) | 38-39 | 226 / 212 / 202 (was 32 / 99 / 193) | 8 us (was 13) |
+| Q5_K | 35-38 (was 7.7) | 11.9-13.2 (was 7.0) | 31-35 (was 59) | 33-34 | 234 / 250 / 242 (was 44 / 125 / 223) | 7 us (was 19) |
+| Q4_1 | 12.4 | 10.6 | 35 | - | 27 / 86 / 168 | 14 us |
+| Q5_1 | 11.4 | 9.8 | 46 | - | 38 / 106 / 194 | 16 us |
+| F16  | 36 | 16.1 | 74 | - | 46 / 126 / 212 | 14 us |
+| BF16 | 32 | 17.6 | 68 | - | 46 / 127 / 219 | 21 us |
+| F32  | 30 | 18.6 | 128 | - | 81 / 192 / 285 | 19 us |
 
-Threads: the decode kernels run on numba's thread pool (`numba.set_num_threads`, chosen by the
-caller); the prefill path runs serial numba tiles plus OpenBLAS's own threads.  Importing this
+Threads: the decode and multi-row kernels run on numba's thread pool (`numba.set_num_threads`,
+chosen by the caller); the BLAS prefill path runs serial numba tiles plus OpenBLAS's own threads.
+OpenBLAS's idle workers spin ~0.1 s after each threaded call and halve the numba kernels' speed
+meanwhile (prefill.py: measured, and why "auto" switches to BLAS at 64 rows unless the process
+started with OPENBLAS_THREAD_TIMEOUT <= 20).  Importing this
 package sets `GOMP_SPINCOUNT=10000` unless the user set it (or OMP_WAIT_POLICY): numba's OpenMP
 threads otherwise spin for milliseconds after every kernel and starve the next OpenBLAS call
 (matvec + sgemm back to back: 7.6 ms instead of 2.4 ms; under load from another process the

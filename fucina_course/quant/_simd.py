@@ -12,7 +12,8 @@ of each format is built here with llvmlite's IR builder and exposed to numba as 
 = weight row at byte `off` of the flat matrix `wf` (n blocks) . int8 activations `x8` with scales
 `xd`; `xs` is the format's activation side array (below); software prefetch `pf` bytes ahead.
 The parallel kernels at the end of this file (`mv_q4_k` ..., table `KERNELS`, dispatched by
-decode.py) run one call per output row inside a `prange` loop.  No bounds checks: every load
+decode.py) run one call per output row inside a `prange` loop; the multi-row kernels (`mm_q4_k` ...,
+table `MM_KERNELS`, dispatched by prefill.py) one call per output row and tile of 8 activation rows.  No bounds checks: every load
 stays inside the row's blocks and the activation arrays decode.py sizes (prefetches may point past
 the end; a prefetch never faults).
 
@@ -116,6 +117,59 @@ sums; the per-lane offsets that replaced it for exactness cost nothing: 29.7 / 2
 Q8_0 was already memory-bound with the float kernel, and stays close: sweep 13.2-13.8 -> 15.5-17.2
 GB/s in the same runs (kept: faster everywhere, and 2-3x in cache).  The whole-`matvec` numbers
 per format (with Python, activation quantization and thread launch) are in decode.py.
+
+Multi-row kernels (`matmul`, prefill.py's path "rows").  `q4k_rows_vnni` ...  `q5_0_rows_vnni` dot one
+weight row with up to 8 activation rows (a *tile*): each (super-)block is loaded and unpacked once,
+then each row does its own dpbusd / scale / float steps -- the one-row builder's, instruction for
+instruction, so every result is bit-identical to the decode kernel's (section comment above
+`_Tile`).  The parallel kernels `mm_q4_k` ...  (table `MM_KERNELS`) take a MultiMatrix's parts in one
+call (weight addresses as int64), prange over chunks of 16 weight rows of all parts, and pass the
+tiles of 8 activation rows over each chunk while it sits in L1/L2 (one call for q/k/v, 2048 + 1024 +
+1024 rows x 1024, vs one call per part: Q4_K m = 4 / 16 160 / 480 vs 196 / 543 us, Q8_0 209 / 595 vs
+275 / 695 us: one parallel region and one activation pass instead of three).  The formats with an
+offset move it to the weight side (the activations stored once as x + 128): one extra dpbusd per
+weight vector shared by the tile, instead of a second activation-side load per row (the one-row
+kernels' `xoff`).
+
+Measured as above (GFLOP/s = 2 m n_out n_in / time, 1024->3072 called back to back, 2 threads,
+best of repeats, variants alternating in one run; "sweep" = the model sweep with m rows at once, GB/s
+of weights).  The tile structure, Q4_K / Q8_0:
+
+| variant | Q4_K m=2 / 4 / 8 / 16 / 64 | Q8_0 m=2 / 4 / 8 / 16 / 64 |
+|---|---|---|
+| run-time loop over the rows, accumulators in memory, tile 8 | 158 / 209 / 223 / 240 / 239 | 123 / 133 / 154 / 187 / 161 |
+| same, tile 4 / tile 16 (m=64) | 207 / 252 | 138 / 184 |
+| 4 rows unrolled, missing rows recomputed (m < 4) | 117 / 228 / 230 / 235 / 222 | 97 / 188 / 203 / 207 / 206 |
+| 8 rows unrolled, missing rows recomputed | 67 / 143 / 233-263 / 266-280 / 246-261 | 59 / 107 / 205-218 / 218-225 / 219-232 |
+| 8 rows unrolled, row k's work behind a `k < nr` branch (**chosen**) | 176 / 226 / 258 / 283 / 218-267 | 105 / 161 / 203 / 221 / 205 |
+| same, 16 rows (registers spill) | 84 / 133 / 181 / 258 / 203 | 78 / 136 / 180 / 206 / 204 |
+
+Per format, branch-guarded 8 rows vs the run-time loop (m = 2 / 4 / 8 / 64): Q6_K 158 / 224 / 293 /
+286 vs 124 / 177 / 227 / 242, Q5_0 98 / 147 / 186 / 186 vs 98 / 138 / 169 / 149, Q4_0 111 / 168 /
+210 / 209 vs 118 / 144 / 173 / 167, Q5_K 136 / 205 / 233 / 257 vs 124 / 184 / 217 / 232.  A
+branch-guarded 4-row form was 3-16% ahead at m <= 4 and 4-17% behind from m = 8 (same four
+formats).  Q4_K/Q5_K keep their 8-lane mins accumulators in memory on purpose (volatile load/store
+once per super-block, `_Slot`): with all 16 accumulators in registers LLVM spilled constants inside
+the loop, and the kernel streamed worse from DRAM -- Q4_K sweep, m = 1 / 2 / 4: the one-row decode
+kernel once per activation row 16.5 / 11.3 / 7.0 GB/s; tile kernel, all in registers 12.3 / 13.3 /
+11.1; mins in memory (**chosen**) 12.4 / 15.4 / 12.8; the 4-row form 14.9 / 14.8 / 12.9.  (4 streams
+of the Q4_K model: 86-89 tok/s all in registers, 94-96 with 4 rows.) In cache the two tie (m = 8:
+255 vs 259, m = 64: 268 vs 268).  (m = 1 stays with the one-row kernels.)
+
+Rejected:
+* 32-element formats with the two blocks of a zmm interleaved by 4-byte groups (lane 2l = block i,
+  2l + 1 = block i + 1: the same lane integers), so that the per-lane scale is a 64-bit broadcast of
+  the row's two activation scales rather than a multiply + lane permute per row.  LLVM narrowed the
+  broadcast back into a register shuffle; with the scales pre-broadcast in a side array (one 64-byte
+  load per row and pair) it was no faster either: Q8_0 m = 8 / 16 / 64: 194 / 214 / 207 vs 209 /
+  210 / 206, Q5_0 m = 64: 145 vs 176.  These kernels are not bound by that permute.
+* Software prefetch distance (Q4_K sweep, m = 2 / 4): 1 KB 11.4 / 10.9, 2 KB 12.0 / 11.1 (**kept**),
+  4 KB 12.3 / 11.2, 8 KB 12.7 / 12.4 GB/s: within the sweep's noise.  Chunks of 8 or 4 weight rows
+  instead of 16 (3072->1024, m = 64, where a chunk and a tile together overflow L1): 300 / 301 vs 301.
+* Dynamic scheduling (one prange iteration per thread taking chunks from an atomic counter): no
+  faster alone, and no help against the slowdown OpenBLAS's spinning worker threads cause (prefill.py):
+  6 calls of Q4_K m=64 right after a threaded sgemm, 20-30 ms vs 21-28 static (9.6 static without the
+  sgemm); in the model, pp64 95 vs 98-105 tok/s.
 """
 
 from __future__ import annotations
@@ -573,6 +627,356 @@ def blk32_row(b, w, x, xd, xoff, nb, pf, fmt, pair=True):
     return hsum_f32(b, b.load(acc_p))
 
 
+# --- multi-row kernels: one weight row . a tile of activation rows --------------------------------
+# The row builders above dot one weight row with one activation vector.  The builders below dot one
+# weight row with `nr` activation rows (a tile of a [m, n] matrix): every weight block is loaded and
+# unpacked once and then multiplied with each activation row in turn, so a weight row streams from
+# memory once per tile instead of once per activation row.  Per activation row, the float work is
+# the one-row builder's, instruction for instruction (same lane layout, same `d * float(lane)` fma
+# per (super-)block, same final tree sum), and the integer lane sums are equal -- so row i of the
+# result is bit-identical to the one-row kernel on activation row i (tests/test_quant.py asserts
+# equality).  What differs is how the formats with an offset (u = q + off) form their lanes:
+#
+#   one-row:  lane = dpbusd(xoff, u, x)     xoff = -off * (sum of the lane's 4 activations), per call
+#   tile:     lane = dpbusd(init, x ^ 0x80, q)   with q = u - off (signed), x + 128 (unsigned), and
+#             init = 512 * off - 128 * (sum of the lane's 4 u) = dpbusd(512 * off, u, -128)
+#
+# i.e. the correction moves from the activation side (an int32 array as large as x, loaded per
+# activation row) to the weight side (one extra vpdpbusd per weight vector, shared by the tile).
+# Both give the exact integer sum_j (u_j - off) x_j per lane.  The activations are stored once per
+# call as x + 128 (`_xor80`), and, for Q4_K's zmm form, in its nibble order (`_interleave_64`).
+
+
+class _Tile:
+    """Activation rows t0 .. t0+nr of 2-D C arrays x8 [m, n] (int8), xd [m, nblk] (f32), xs [m, *]
+    (the side array), and the output y [m, ldy] (f32, column `col`), as i8* pointers and byte strides."""
+
+    def __init__(self, b, x, xst, xd, xdst, xs, xsst, y, yst, t0, nr, col):
+        self.x, self.xst, self.xd, self.xdst, self.xs, self.xsst = x, xst, xd, xdst, xs, xsst
+        self.y, self.yst, self.t0, self.nr, self.col = y, yst, t0, nr, col
+
+    def ptrs(self, b, r):
+        """(x, xd, xs) i8* of tile row r (an i64 value)."""
+        i = b.add(self.t0, r)
+        return (b.gep(self.x, [b.mul(i, self.xst)]), b.gep(self.xd, [b.mul(i, self.xdst)]),
+                b.gep(self.xs, [b.mul(i, self.xsst)]))
+
+    def store(self, b, r, v):
+        i = b.add(self.t0, r)
+        off = b.add(b.mul(i, self.yst), b.mul(self.col, ir.Constant(I64, 4)))
+        b.store(v, b.bitcast(b.gep(self.y, [off]), F32.as_pointer()))
+
+
+class _Rows:
+    """Iteration over the rows of a tile and per-row accumulators.
+
+    unroll=0: a run-time loop over the nr rows (any nr <= rmax); accumulators in an alloca'd array,
+    loaded and stored once per (super-)block and row.  unroll=R: R rows in straight-line code,
+    accumulators promoted to registers; with guard, row k's work is skipped by a branch when k >= nr,
+    else rows >= nr repeat row nr-1; either way only rows < nr are stored."""
+
+    def __init__(self, b, tile, rmax, unroll=0, guard=True):
+        self.tile, self.rmax, self.unroll, self.guard = tile, rmax, unroll, guard
+
+    def each(self, b, fn):
+        """fn(r, k): r the tile row (i64 value), k the accumulator key."""
+        t = self.tile
+        if not self.unroll:
+            with cgutils.for_range(b, t.nr) as loop:
+                fn(loop.index, loop.index)
+            return
+        last = b.sub(t.nr, ir.Constant(I64, 1))
+        for k in range(self.unroll):
+            kc = ir.Constant(I64, k)
+            if not self.guard:
+                fn(b.select(b.icmp_signed("<", kc, t.nr), kc, last), k)
+            elif k == 0:
+                fn(kc, k)          # nr >= 1
+            else:
+                with b.if_then(b.icmp_signed("<", kc, t.nr), likely=True):
+                    fn(kc, k)
+
+    def acc(self, b, ty, memory=False):
+        """Accumulator slots: acc(b, k) -> pointer.  memory=True keeps them in memory even when
+        unrolled (see `_Slot`): fewer registers for rows touched once per super-block."""
+        n = self.unroll or self.rmax
+        if self.unroll and not memory:
+            slots = [cgutils.alloca_once(b, ty) for _ in range(n)]
+            return lambda b, k: slots[k]
+        arr = cgutils.alloca_once(b, ir.ArrayType(ty, n))
+        if memory:
+            def slot(b, k):
+                return _Slot(b.gep(arr, [ir.Constant(I32, 0), ir.Constant(I32, k) if isinstance(k, int) else k]))
+            return slot
+        return lambda b, k: b.gep(arr, [ir.Constant(I32, 0), k])
+
+    def finish(self, b, fn):
+        """fn(r, k) -> f32 result of row r; stored for the rows < nr."""
+        t = self.tile
+        if not self.unroll:
+            with cgutils.for_range(b, t.nr) as loop:
+                t.store(b, loop.index, fn(loop.index, loop.index))
+            return
+        for k in range(self.unroll):
+            kc = ir.Constant(I64, k)
+            v = fn(kc, k)
+            with cgutils.if_likely(b, b.icmp_signed("<", kc, t.nr)):
+                t.store(b, kc, v)
+
+
+class _Slot:
+    """An accumulator kept in memory on purpose: loads and stores through `_ld`/`_st` are volatile,
+    so LLVM neither promotes it to a register nor drops the traffic."""
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _VolatileLoad(ir.instructions.LoadInstr):
+    def descr(self, buf):
+        [ptr] = self.operands
+        buf.append(f"load volatile {self.type}, {ptr.type} {ptr.get_reference()}, align {self.align}\n")
+
+
+class _VolatileStore(ir.instructions.StoreInstr):
+    def descr(self, buf):
+        val, ptr = self.operands
+        buf.append(f"store volatile {val.type} {val.get_reference()}, {ptr.type} {ptr.get_reference()}, "
+                   f"align {self.align}\n")
+
+
+def _ld(b, p):
+    if not isinstance(p, _Slot):
+        return b.load(p)
+    ins = _VolatileLoad(b.block, p.ptr, typ=p.ptr.type.pointee)
+    ins.align = 1
+    b._insert(ins)
+    return ins
+
+
+def _st(b, v, p):
+    if not isinstance(p, _Slot):
+        return b.store(v, p)
+    ins = _VolatileStore(b.block, v, p.ptr)
+    ins.align = 1
+    b._insert(ins)
+    return ins
+
+
+def q4k_rows(b, w, nsb, tile, pf, rows, width=512, permuted=True, five=False, mins_in_memory=False):
+    """q4k_row (vec_scales=True, pack=True) for a tile of activation rows: the quants, scales and
+    mins of each super-block are unpacked once, then each row does its dpbusd/dpwssd and its two
+    float accumulations exactly as q4k_row does.  mins_in_memory: the rows' 8-lane mins
+    accumulators live in memory (volatile), leaving the registers to the rest."""
+    bpb, qs_off = (176, 48) if five else (144, 16)
+    nl = width // 32
+    nb = width // 8
+    zero = ir.Constant(V(I32, nl), None)
+    acc = rows.acc(b, V(F32, nl))
+    accm = rows.acc(b, V(F32, 8), memory=mins_in_memory)
+
+    def init(r, k):
+        b.store(ir.Constant(V(F32, nl), None), acc(b, k))
+        _st(b, ir.Constant(V(F32, 8), None), accm(b, k))
+    rows.each(b, init)
+    m4 = const_vec(I8, nb, 0x0F)
+    c4 = const_vec(I8, nb, 4)
+    z16 = ir.Constant(V(I8, 16), None)
+    with cgutils.for_range(b, nsb) as loop:
+        i = loop.index
+        o = b.mul(i, ir.Constant(I64, bpb))
+        po = b.add(o, pf)
+        for k in range(3):
+            prefetch(b, w, b.add(po, ir.Constant(I64, 64 * k)))
+        p = b.gep(w, [o])
+        if five:
+            qh = load(b, p, ir.Constant(I64, 16), V(I8, 32))
+            qhh = b.bitcast(shuffle(b, qh, qh, list(range(32)) * (width // 256)), V(I64, width // 64))
+        raw16 = load(b, p, None, V(I8, 16))
+        ddw = b.fpext(shuffle(b, b.bitcast(raw16, V(F16, 8)), ir.Constant(V(F16, 8), None), [0, 1]), V(F32, 2))
+        sm = _q4k_scales_vec(b, raw16)
+        mw = b.bitcast(shuffle(b, sm, z16, _pairs(range(8, 16), 16)), V(I16, 16))
+        nvec = 128 // nb
+        los, his, scs = [], [], []
+        for j in range(nvec):
+            q = load(b, p, ir.Constant(I64, qs_off + nb * j), V(I8, nb))
+            lo = b.and_(q, m4)
+            hi = b.and_(b.lshr(q, c4), m4)
+            sub_lo = [4 * j, 4 * j + 2] if width == 512 else [2 * j]
+            sub_hi = [4 * j + 1, 4 * j + 3] if width == 512 else [2 * j + 1]
+            if five:
+                m10 = const_vec(I8, nb, 0x10)
+                lo = b.or_(lo, b.and_(b.bitcast(_shift_to_bit4(b, qhh, sub_lo), V(I8, nb)), m10))
+                hi = b.or_(hi, b.and_(b.bitcast(_shift_to_bit4(b, qhh, sub_hi), V(I8, nb)), m10))
+            idx = []
+            for L in range(nl // 4):
+                h = (L * 4) // 8
+                idx += [sub_lo[h]] * 4 + [sub_hi[h]] * 4
+            los.append(lo)
+            his.append(hi)
+            scs.append(shuffle(b, sm, z16, _pairs_w(idx, 16)))
+        xo = b.mul(i, ir.Constant(I64, 256))
+
+        def row(r, k):
+            x, xd, xbs = tile.ptrs(b, r)
+            xs = load(b, xd, b.mul(i, ir.Constant(I64, 4)), F32)
+            dd = b.fmul(ddw, splat(b, xs, 2))
+            d = b.extract_element(dd, ir.Constant(I32, 0))
+            dmin = b.extract_element(dd, ir.Constant(I32, 1))
+            bs = load(b, xbs, b.mul(i, ir.Constant(I64, 32)), V(I32, 8))
+            msum = pmaddwd(b, mw, bs)
+            pm = accm(b, k)
+            _st(b, fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), _ld(b, pm)), pm)
+            sumi = zero
+            for j in range(nvec):
+                if width == 512 and permuted:
+                    xlo = load(b, x, b.add(xo, ir.Constant(I64, 128 * j)), V(I8, 64))
+                    xhi = load(b, x, b.add(xo, ir.Constant(I64, 128 * j + 64)), V(I8, 64))
+                else:
+                    assert width == 256
+                    xlo = load(b, x, b.add(xo, ir.Constant(I64, 64 * j)), V(I8, 32))
+                    xhi = load(b, x, b.add(xo, ir.Constant(I64, 64 * j + 32)), V(I8, 32))
+                dlo = dpbusd(b, zero, los[j], xlo)
+                dhi = dpbusd(b, zero, his[j], xhi)
+                sumi = dpwssd(b, sumi, packssdw(b, dlo, dhi), scs[j])
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
+        rows.each(b, row)
+
+    def result(r, k):
+        a = b.load(acc(b, k))
+        if nl == 16:
+            a = b.fadd(shuffle(b, a, a, range(8)), shuffle(b, a, a, range(8, 16)))
+        return hsum_f32(b, b.fsub(a, _ld(b, accm(b, k))))
+    rows.finish(b, result)
+
+
+def _offset_init(b, u, off):
+    """<n/4 x i32> 512 * off - 128 * (sum of each lane's 4 unsigned quants u): the start value of a
+    dpbusd of (x + 128) with q = u - off that leaves the exact sum_j q_j x_j in the lane."""
+    n = u.type.count // 4
+    return dpbusd(b, const_vec(I32, n, 512 * off), u, const_vec(I8, 4 * n, -128))
+
+
+def q6k_rows(b, w, nsb, tile, pf, rows):
+    """q6k_row (ymm, pack=True) for a tile of activation rows stored as x + 128 (see above)."""
+    nl, nb = 8, 32
+    zero = ir.Constant(V(I32, nl), None)
+    acc = rows.acc(b, V(F32, nl))
+    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, nl), None), acc(b, k)))
+    m4 = const_vec(I8, nb, 0x0F)
+    m30 = const_vec(I8, nb, 0x30)
+    c4 = const_vec(I8, nb, 4)
+    c32 = const_vec(I8, nb, 32)
+    z16w = ir.Constant(V(I16, 16), None)
+    with cgutils.for_range(b, nsb) as loop:
+        i = loop.index
+        o = b.mul(i, ir.Constant(I64, 210))
+        po = b.add(o, pf)
+        for k in range(4):
+            prefetch(b, w, b.add(po, ir.Constant(I64, 64 * k)))
+        p = b.gep(w, [o])
+        dw = load_f16(b, p, ir.Constant(I64, 208))
+        sc16 = b.sext(load(b, p, ir.Constant(I64, 192), V(I8, 16)), V(I16, 16))
+        qv, inits, scw = [], [], []
+        for n in range(2):
+            ql0 = load(b, p, ir.Constant(I64, 64 * n), V(I8, 32))
+            ql1 = load(b, p, ir.Constant(I64, 64 * n + 32), V(I8, 32))
+            qh = b.bitcast(load(b, p, ir.Constant(I64, 128 + 32 * n), V(I8, 32)), V(I64, 4))
+            hs = [b.bitcast(v, V(I8, 32)) for v in
+                  (b.shl(qh, const_vec(I64, 4, 4)), b.shl(qh, const_vec(I64, 4, 2)), qh,
+                   b.lshr(qh, const_vec(I64, 4, 2)))]
+            lows = (b.and_(ql0, m4), b.and_(ql1, m4), b.and_(b.lshr(ql0, c4), m4), b.and_(b.lshr(ql1, c4), m4))
+            us = [b.or_(lo, b.and_(h, m30)) for lo, h in zip(lows, hs)]
+            groups = [[8 * n + 2 * k + l // 4 for l in range(8)] for k in range(4)]
+            for u in us:
+                qv.append(b.sub(u, c32))
+                inits.append(_offset_init(b, u, 32))
+            for k in range(0, 4, 2):
+                idx = []
+                for L in range(nl // 4):
+                    idx += [groups[k][4 * L]] * 4 + [groups[k + 1][4 * L]] * 4
+                scw.append(shuffle(b, sc16, z16w, idx))
+        xo = b.mul(i, ir.Constant(I64, 256))
+
+        def row(r, k):
+            x, xd, _ = tile.ptrs(b, r)
+            d = b.fmul(dw, load(b, xd, b.mul(i, ir.Constant(I64, 4)), F32))
+            sumi = zero
+            for v in range(0, 8, 2):
+                dots = [dpbusd(b, inits[v + h], load(b, x, b.add(xo, ir.Constant(I64, 32 * (v + h))), V(I8, nb)),
+                               qv[v + h]) for h in range(2)]
+                sumi = dpwssd(b, sumi, packssdw(b, dots[0], dots[1]), scw[v // 2])
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
+        rows.each(b, row)
+    rows.finish(b, lambda r, k: hsum_f32(b, b.load(acc(b, k))))
+
+
+_OFF32 = {"q8_0": 128, "q4_0": 8, "q5_0": 16}
+
+
+def blk32_rows(b, w, nb, tile, pf, rows, fmt):
+    """blk32_row (pair=True) for a tile of activation rows stored as x + 128: two blocks per zmm
+    iteration, an odd last block through ymm, each row's float work as in blk32_row."""
+    bpb, _ = _BLK32[fmt]
+    off = _OFF32[fmt]
+    acc = rows.acc(b, V(F32, 8))
+    acc2 = rows.acc(b, V(F32, 16))
+    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
+
+    def signed(u, n):
+        # Q8_0: u = q ^ 0x80, so the stored bytes are q; the nibble formats subtract their offset
+        return b.xor(u, const_vec(I8, n, 0x80)) if fmt == "q8_0" else b.sub(u, const_vec(I8, n, off))
+    npair = b.sdiv(nb, ir.Constant(I64, 2))
+    with cgutils.for_range(b, npair) as loop:
+        i = b.mul(loop.index, ir.Constant(I64, 2))
+        o = b.mul(i, ir.Constant(I64, bpb))
+        prefetch(b, w, b.add(o, pf))
+        if 2 * bpb > 64:
+            prefetch(b, w, b.add(b.add(o, pf), ir.Constant(I64, 64)))
+        p = b.gep(w, [o])
+        dv = ir.Constant(V(I16, 2), ir.Undefined)
+        for j in range(2):
+            dv = b.insert_element(dv, load(b, p, ir.Constant(I64, bpb * j), I16), ir.Constant(I32, j))
+        dvw = b.fpext(b.bitcast(dv, V(F16, 2)), V(F32, 2))
+        u = _blk32_quants(b, p, fmt, 2)
+        q = signed(u, 64)
+        init = _offset_init(b, u, off)
+
+        def row(r, k):
+            x, xd, _ = tile.ptrs(b, r)
+            dvr = b.fmul(dvw, load(b, xd, b.mul(i, ir.Constant(I64, 4)), V(F32, 2)))
+            dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
+            dot = dpbusd(b, init, load(b, x, b.mul(i, ir.Constant(I64, 32)), V(I8, 64)), q)
+            pa = acc2(b, k)
+            b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
+        rows.each(b, row)
+
+    def fold(r, k):
+        a2 = b.load(acc2(b, k))
+        b.store(b.fadd(shuffle(b, a2, a2, range(8)), shuffle(b, a2, a2, range(8, 16))), acc(b, k))
+    rows.each(b, fold)
+    with cgutils.for_range(b, nb, start=b.mul(npair, ir.Constant(I64, 2))) as loop:
+        i = loop.index
+        o = b.mul(i, ir.Constant(I64, bpb))
+        prefetch(b, w, b.add(o, pf))
+        p = b.gep(w, [o])
+        dw = load_f16(b, p, None)
+        u = _blk32_quants(b, p, fmt, 1)
+        q = signed(u, 32)
+        init = _offset_init(b, u, off)
+
+        def row1(r, k):
+            x, xd, _ = tile.ptrs(b, r)
+            d = b.fmul(dw, load(b, xd, b.mul(i, ir.Constant(I64, 4)), F32))
+            dot = dpbusd(b, init, load(b, x, b.mul(i, ir.Constant(I64, 32)), V(I8, 32)), q)
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), b.load(pa)), pa)
+        rows.each(b, row1)
+    rows.finish(b, lambda r, k: hsum_f32(b, b.load(acc(b, k))))
+
+
 # --- the numba-callable intrinsics -----------------------------------------------------------------
 
 def _row_intrinsic(body, *extra, **options):
@@ -603,6 +1007,51 @@ q6k_row_vnni = _row_intrinsic(q6k_row, width=256)
 q8_0_row_vnni = _row_intrinsic(blk32_row, "q8_0")
 q4_0_row_vnni = _row_intrinsic(blk32_row, "q4_0")
 q5_0_row_vnni = _row_intrinsic(blk32_row, "q5_0")
+
+
+def _c_2d(t):
+    return isinstance(t, types.Array) and t.ndim == 2 and t.layout == "C"
+
+
+def _rows_intrinsic(body, *extra, rmax=8, unroll=0, guard=True, **options):
+    """A numba intrinsic f(addr, off, n, x8, xd, xs, t0, nr, y, col, pf) -> None: `body` (a tile
+    builder above) on the weight row at address addr + off (n blocks) and activation rows t0 .. t0+nr
+    (nr <= rmax) of x8 [m, n_in] int8, xd [m, *] f32 and the side array xs [m, *]; result of row t0+i
+    to y[t0 + i, col].  All arrays 2-D, C-contiguous; `addr` is the address of a weight matrix's
+    bytes (an int64, so that one kernel call can cover several matrices: MultiMatrix)."""
+    @intrinsic
+    def rows_dot(typingctx, addr, off, n, x8, xd, xs, t0, nr, y, col, pf):
+        if not (_c_2d(x8) and _c_2d(xd) and _c_2d(xs) and _c_2d(y)):
+            return None
+        sig = types.void(addr, off, n, x8, xd, xs, t0, nr, y, col, pf)
+
+        def codegen(context, builder, signature, args):
+            a = signature.args
+            i64 = [context.cast(builder, args[k], a[k], types.int64) if k in (0, 1, 2, 6, 7, 9, 10) else None
+                   for k in range(11)]
+            w = builder.gep(builder.inttoptr(i64[0], I8.as_pointer()), [i64[1]])
+            arrs = {}
+            for k in (3, 4, 5, 8):
+                ary = context.make_array(a[k])(context, builder, args[k])
+                stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
+                arrs[k] = (builder.bitcast(ary.data, I8.as_pointer()), stride)
+            tile = _Tile(builder, *arrs[3], *arrs[4], *arrs[5], *arrs[8], i64[6], i64[7], i64[9])
+            rows = _Rows(builder, tile, rmax, unroll, guard)
+            body(builder, w, i64[2], tile, i64[10], rows, *extra, **options)
+            return context.get_dummy_value()
+
+        return sig, codegen
+    return rows_dot
+
+
+_TILE = 8           # activation rows per pass over a weight row (multi-row kernels; see the module docstring)
+
+q4k_rows_vnni = _rows_intrinsic(q4k_rows, rmax=_TILE, unroll=_TILE, width=512, permuted=True, mins_in_memory=True)
+q5k_rows_vnni = _rows_intrinsic(q4k_rows, rmax=_TILE, unroll=_TILE, width=256, five=True, mins_in_memory=True)
+q6k_rows_vnni = _rows_intrinsic(q6k_rows, rmax=_TILE, unroll=_TILE)
+q8_0_rows_vnni = _rows_intrinsic(blk32_rows, "q8_0", rmax=_TILE, unroll=_TILE)
+q4_0_rows_vnni = _rows_intrinsic(blk32_rows, "q4_0", rmax=_TILE, unroll=_TILE)
+q5_0_rows_vnni = _rows_intrinsic(blk32_rows, "q5_0", rmax=_TILE, unroll=_TILE)
 
 
 # --- the decode kernels ------------------------------------------------------------------------------
@@ -709,3 +1158,142 @@ def mv_q5_0(w, wf, xi, xd, y):
 # format -> (kernel, whether it takes the activations' per-32 sums bsum32 after qi and d)
 KERNELS = {T.Q4_K: (mv_q4_k, True), T.Q5_K: (mv_q5_k, True), T.Q6_K: (mv_q6_k, False),
            T.Q8_0: (mv_q8_0, False), T.Q4_0: (mv_q4_0, False), T.Q5_0: (mv_q5_0, False)}
+
+
+# --- the multi-row (matmul) kernels ------------------------------------------------------------------
+# parts int64[P, 3]: (address of the weight bytes, rows, first output column) of each matrix of a
+# MultiMatrix (P = 1 for a QuantMatrix); all parts share the format and the row length (rb bytes).
+# y f32[m, n_out] = X @ W.T with X given as int8 rows xi [m, n_in] and their scales (quantize_activations).
+# prange over chunks of _ROWS weight rows (of all parts); per chunk, tiles of _TILE activation rows;
+# per weight row of the chunk, one multi-row call.  The chunk's weight rows (<= 16 x 3.3 KB) stay in
+# L1/L2 while the tiles pass over them.
+
+@njit(inline="always")
+def _chunks(parts):
+    """(part, first row) of every chunk of _ROWS weight rows, over all parts."""
+    nch = 0
+    for p in range(parts.shape[0]):
+        nch += (parts[p, 1] + _ROWS - 1) // _ROWS
+    cp = np.empty(nch, np.int64)
+    cr = np.empty(nch, np.int64)
+    c = 0
+    for p in range(parts.shape[0]):
+        for r0 in range(0, parts[p, 1], _ROWS):
+            cp[c] = p
+            cr[c] = r0
+            c += 1
+    return cp, cr
+
+
+@njit(inline="always")
+def _xor80(xi):
+    """x + 128 as bytes (x ^ 0x80): the unsigned activations of the multi-row offset formats."""
+    m, n = xi.shape
+    xu = np.empty((m, n), np.uint8)
+    xb = xi.view(np.uint8)
+    for t in range(m):
+        for j in range(n):
+            xu[t, j] = xb[t, j] ^ np.uint8(0x80)
+    return xu
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_k(parts, rb, xi, xd, xbs, y):
+    """y[m, n_out] = X @ W.T for Q4_K: q4k_rows_vnni (zmm) on activations in Q4_K's nibble order."""
+    m, n = xi.shape
+    x8 = np.empty((m, n), np.int8)
+    for t in range(m):
+        _interleave_64(xi[t], x8[t])
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q4k_rows_vnni(addr, r * rb, rb // 144, x8, xd, xbs, t0, nr, y, col + r, _PREFETCH)
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_k(parts, rb, xi, xd, xbs, y):
+    """Q5_K: q5k_rows_vnni (ymm, natural activation order)."""
+    m, n = xi.shape
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q5k_rows_vnni(addr, r * rb, rb // 176, xi, xd, xbs, t0, nr, y, col + r, _PREFETCH)
+
+
+@njit(parallel=True, cache=True)
+def mm_q6_k(parts, rb, xi, xd, y):
+    """Q6_K: q6k_rows_vnni on x + 128."""
+    m, n = xi.shape
+    xu = _xor80(xi)
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q6k_rows_vnni(addr, r * rb, rb // 210, xu, xd, xd, t0, nr, y, col + r, _PREFETCH)
+
+
+@njit(parallel=True, cache=True)
+def mm_q8_0(parts, rb, xi, xd, y):
+    """Q8_0: q8_0_rows_vnni on x + 128."""
+    m, n = xi.shape
+    xu = _xor80(xi)
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q8_0_rows_vnni(addr, r * rb, rb // 34, xu, xd, xd, t0, nr, y, col + r, _PREFETCH)
+
+
+@njit(parallel=True, cache=True)
+def mm_q4_0(parts, rb, xi, xd, y):
+    """Q4_0: q4_0_rows_vnni on x + 128."""
+    m, n = xi.shape
+    xu = _xor80(xi)
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q4_0_rows_vnni(addr, r * rb, rb // 18, xu, xd, xd, t0, nr, y, col + r, _PREFETCH)
+
+
+@njit(parallel=True, cache=True)
+def mm_q5_0(parts, rb, xi, xd, y):
+    """Q5_0: q5_0_rows_vnni on x + 128."""
+    m, n = xi.shape
+    xu = _xor80(xi)
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        addr, col = parts[p, 0], parts[p, 2]
+        r1 = min(parts[p, 1], cr[c] + _ROWS)
+        for t0 in range(0, m, _TILE):
+            nr = min(_TILE, m - t0)
+            for r in range(cr[c], r1):
+                q5_0_rows_vnni(addr, r * rb, rb // 22, xu, xd, xd, t0, nr, y, col + r, _PREFETCH)
+
+
+# format -> (multi-row kernel, whether it takes bsum32)
+MM_KERNELS = {T.Q4_K: (mm_q4_k, True), T.Q5_K: (mm_q5_k, True), T.Q6_K: (mm_q6_k, False),
+              T.Q8_0: (mm_q8_0, False), T.Q4_0: (mm_q4_0, False), T.Q5_0: (mm_q5_0, False)}

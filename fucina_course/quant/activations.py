@@ -155,7 +155,7 @@ class QuantizedActivations:
             return self.q
         m, n = self.q.shape
         qk = n // self.d.shape[1]
-        return (self.q.reshape(m, -1, qk) * self.d[:, :, None]).reshape(m, n)  # [m, n]
+        return (self.q.reshape(m, n // qk, qk) * self.d[:, :, None]).reshape(m, n)  # [m, n]
 
 
 def round_to_f16(x: np.ndarray) -> np.ndarray:

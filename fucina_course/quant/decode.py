@@ -27,6 +27,9 @@ Two kernel families:
 * float kernels (all formats; the only ones for Q4_1, Q5_1, F16, BF16, F32, and the fallback),
   described below.
 
+Several activation rows at once (prefill, batch decode of N streams) go through `matmul`
+(prefill.py), whose multi-row integer kernels give, row for row, exactly the results of these.
+
 Float kernel shape: `prange` over chunks of `_ROWS` output rows; per row one 32-lane float32
 accumulator `acc`, to which every block adds `scale * (float(q_w) * q_x)` lane-wise; the 32 lanes are
 summed once per row.  The lane loops are plain unit-stride loops over bytes of the block, which

@@ -21,7 +21,7 @@ class QuantMatrix:
     12% memory traffic to a bandwidth-bound kernel and was not faster (see decode.py).
     """
 
-    __slots__ = ("name", "ggml_type", "n_out", "n_in", "raw", "flat", "wv", "vec_dot_type")
+    __slots__ = ("name", "ggml_type", "n_out", "n_in", "raw", "flat", "wv", "vec_dot_type", "_parts")
 
     def __init__(self, raw: np.ndarray, ggml_type, n_out: int, n_in: int, name: str = "<matrix>"):
         t = T(int(ggml_type))
@@ -43,6 +43,15 @@ class QuantMatrix:
             self.wv = self.raw.view(np.float32)         # [n_out, n_in]
         else:
             self.wv = None
+        self._parts = None
+
+    def kernel_parts(self) -> tuple[np.ndarray, int]:
+        """(int64[1, 3] (address of the bytes, rows, first output column), row bytes): the matrix as
+        the multi-row kernels (_simd.mm_*) take it.  The address stays valid while `self` lives."""
+        if self._parts is None:
+            self._parts = (np.array([[self.flat.ctypes.data, self.n_out, 0]], np.int64),
+                           row_bytes(self.ggml_type, self.n_in))
+        return self._parts
 
     @classmethod
     def from_tensor(cls, t) -> "QuantMatrix":
@@ -84,11 +93,12 @@ class MultiMatrix:
     """Several matrices of one format and row length, used as one [sum n_out, n_in] matrix.
 
     For projections that read the same input (q/k/v, gate/up): `matvec`/`matmul` quantize the
-    activations once and run each part's kernel into its slice of one output, in order.  The parts
+    activations once and run each part's kernel into its slice of one output, in order -- except the
+    multi-row integer kernels (prefill.py, path "rows"), which take all parts in one call.  The parts
     stay separate memory-mapped tensors (nothing is concatenated).
     """
 
-    __slots__ = ("parts", "ggml_type", "n_in", "n_out", "vec_dot_type", "name", "bounds")
+    __slots__ = ("parts", "ggml_type", "n_in", "n_out", "vec_dot_type", "name", "bounds", "_parts")
 
     def __init__(self, parts):
         parts = list(parts)
@@ -106,6 +116,15 @@ class MultiMatrix:
         self.bounds = [(int(e - p.n_out), int(e)) for p, e in zip(parts, ends)]  # output slice of each part
         self.vec_dot_type = parts[0].vec_dot_type
         self.name = "+".join(p.name for p in parts)
+        self._parts = None
+
+    def kernel_parts(self) -> tuple[np.ndarray, int]:
+        """(int64[P, 3], row bytes): every part as (address, rows, first output column), so that one
+        multi-row kernel call covers all parts (one parallel region, activations prepared once)."""
+        if self._parts is None:
+            rows = np.array([[p.flat.ctypes.data, p.n_out, a] for p, (a, _) in zip(self.parts, self.bounds)], np.int64)
+            self._parts = (rows, row_bytes(self.ggml_type, self.n_in))
+        return self._parts
 
     @property
     def shape(self) -> tuple[int, int]:
