@@ -184,6 +184,21 @@ def _f16_rounded(x):  # pragma: no cover - compiled
     return out
 
 
+@njit(cache=True, fastmath={"reassoc"})
+def _dot_f16(qh, k_bits, t, kv):  # pragma: no cover - compiled
+    """q . k_t for one cached key, with the additions free to reassociate.
+
+    A strict left-to-right float sum is one dependent add per element (4-cycle latency) and
+    cannot be vectorized; allowing reassociation (only that: no FMA contraction, no other fast
+    math) lets LLVM keep vector partial sums.  Measured, 16 heads x 1024 cached positions x 128,
+    one thread: the whole attention took 2.5 ms strict, 1.25 ms with this.
+    """
+    s = np.float32(0.0)
+    for j in range(qh.shape[0]):
+        s += qh[j] * f16_to_f32(k_bits[t, kv, j])
+    return s
+
+
 @njit(cache=True, parallel=True)
 def _decode_attention_f16(q, k_bits, v_bits, ctx, scale, out):  # pragma: no cover - compiled
     n_heads, d = q.shape
@@ -193,10 +208,7 @@ def _decode_attention_f16(q, k_bits, v_bits, ctx, scale, out):  # pragma: no cov
         qh = _f16_rounded(q[h])                             # q rounded to f16, as ggml does
         probs = np.empty(ctx, np.float32)
         for t in range(ctx):
-            s = np.float32(0.0)
-            for j in range(d):
-                s += qh[j] * f16_to_f32(k_bits[t, kv, j])
-            probs[t] = s
+            probs[t] = _dot_f16(qh, k_bits, t, kv)
         _softmax_f16(probs, ctx, scale)
         acc = np.zeros(d, np.float32)
         for t in range(ctx):

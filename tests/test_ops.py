@@ -73,7 +73,7 @@ def test_future_keys_do_not_leak():
     np.testing.assert_array_equal(a[:3], b[:3])
 
 
-@pytest.mark.parametrize("cache_type,atol", [("f16", 0.0), ("q8_0", 1e-2)])
+@pytest.mark.parametrize("cache_type,atol", [("f16", 2e-3), ("q8_0", 1e-2)])
 def test_decode_kernel_equals_prefill_attention(cache_type, atol):
     n, H, KV, D = 20, 8, 2, 64
     q, k, v = (rng.standard_normal((n, h, D)).astype(np.float32) for h in (H, KV, KV))
