@@ -1294,6 +1294,10 @@ def mm_q5_0(parts, rb, xi, xd, y):
                 q5_0_rows_vnni(addr, r * rb, rb // 22, xu, xd, xd, t0, nr, y, col + r, _PREFETCH)
 
 
+# The six mm_* kernels repeat one loop skeleton on purpose.  A factory that closes over the row
+# intrinsic would write it once, but numba's on-disk cache does not reuse closure-made kernels across
+# processes (checked with numba 0.68: each new process compiles them again and appends another
+# cache entry), and compile time is paid by every reader at every start.
 # format -> (multi-row kernel, whether it takes bsum32)
 MM_KERNELS = {T.Q4_K: (mm_q4_k, True), T.Q5_K: (mm_q5_k, True), T.Q6_K: (mm_q6_k, False),
               T.Q8_0: (mm_q8_0, False), T.Q4_0: (mm_q4_0, False), T.Q5_0: (mm_q5_0, False)}
