@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,14 +217,9 @@ class Model:
         cache.check_room(n)
         return cache
 
-    @contextmanager
     def _timed(self, stage: str):
-        if self.profile is None:
-            yield
-            return
-        t = time.perf_counter()
-        yield
-        self.profile[stage] = self.profile.get(stage, 0.0) + time.perf_counter() - t
+        """A context that adds its wall time to `self.profile[stage]`; free when profiling is off."""
+        return _NO_PROFILE if self.profile is None else _StageTimer(self.profile, stage)
 
     def _forward(self, ids: np.ndarray, segments: list[_Segment], last_only: bool) -> np.ndarray:
         cfg = self.config
@@ -276,6 +271,22 @@ class Model:
             if last_only:
                 x = x[-1:]
             return self.output(rms_norm(x, self.output_norm, eps))                     # [rows, vocab]
+
+
+class _StageTimer:
+    __slots__ = ("profile", "stage", "start")
+
+    def __init__(self, profile: dict, stage: str):
+        self.profile, self.stage = profile, stage
+
+    def __enter__(self):
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.profile[self.stage] = self.profile.get(self.stage, 0.0) + time.perf_counter() - self.start
+
+
+_NO_PROFILE = nullcontext()
 
 
 def set_threads(threads: int) -> None:
