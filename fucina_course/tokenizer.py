@@ -22,7 +22,10 @@ run BPE on bytes; the mapping is a bijection, so the result is the same as mergi
 
 Malformed UTF-8 (only possible when `encode` is given `bytes`) is decoded the way llama.cpp decodes it:
 a byte that starts no valid sequence becomes U+FFFD, while overlong forms and surrogates are accepted
-as the code points they spell.  With that, ids match llama.cpp on malformed input too.
+as the code points they spell.  With that, ids match llama.cpp on malformed input too (tests pin ten
+such inputs).  The one difference: a four-byte form spelling a value above U+10FFFF (e.g. F4 90 80 80,
+F7 BF BF BF) makes llama.cpp throw `std::invalid_argument("invalid codepoint")` from inside
+`llama_tokenize`, which aborts the whole process; we read it as one U+FFFD.
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def decode_utf8_like_llama(data: bytes) -> str:
             cp = b & (0x7F >> length)
             for c in cont:
                 cp = (cp << 6) | (c & 0x3F)
-            out.append(cp if cp <= 0x10FFFF else 0xFFFD)
+            out.append(cp if cp <= 0x10FFFF else 0xFFFD)  # llama.cpp aborts here (module docstring)
             i += length
         else:
             out.append(0xFFFD); i += 1

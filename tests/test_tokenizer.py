@@ -183,6 +183,8 @@ def test_lenient_utf8_decoding_matches_llama_rules():
     assert decode_utf8_like_llama(b"\xc0\x80") == "\x00"            # overlong NUL accepted as U+0000
     assert decode_utf8_like_llama(b"\xed\xa0\x80") == "\ud800"      # a surrogate, as spelled
     assert decode_utf8_like_llama(b"\xe4\xb8") == "\ufffd\ufffd"    # truncated: one U+FFFD per byte
+    # beyond U+10FFFF: llama.cpp aborts the process (so no live comparison); we read one U+FFFD
+    assert decode_utf8_like_llama(b"a\xf4\x90\x80\x80b") == "a\ufffdb"
 
 
 def test_encode_speed_is_linear_enough(qwen):
