@@ -187,12 +187,10 @@ def test_lenient_utf8_decoding_matches_llama_rules():
     assert decode_utf8_like_llama(b"a\xf4\x90\x80\x80b") == "a\ufffdb"
 
 
-def test_encode_speed_is_linear_enough(qwen):
-    """A sanity bound, not a benchmark: 50k characters of mixed text must not take quadratic time."""
-    import time
-
+def test_long_mixed_text_encodes_into_the_vocabulary(qwen):
+    """50k characters of mixed text in one call (speed is measured in bench/bench_tokenize.py)."""
     text = " ".join(random_strings(2000, seed=5))
-    t = time.perf_counter()
     ids = qwen.encode_raw(text)
-    assert time.perf_counter() - t < 10.0 and len(ids) > 10_000
+    assert len(ids) > 10_000
     assert np.all(np.asarray(ids) < qwen.vocab_size)
+    assert qwen.decode(ids) == text
