@@ -142,7 +142,7 @@ def _logical_shape(data: np.ndarray, qtype: T) -> tuple[int, int]:
 
 
 def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overrides: dict | None = None,
-                    type_overrides: dict[str, str] | None = None) -> Path:
+                    type_overrides: dict[str, str] | None = None, progress: bool = False) -> Path:
     """Write `spec` as a GGUF file llama.cpp can load; returns the path.
 
     `metadata_overrides` ({key: value}) and `type_overrides` ({tensor name: format}) exist to write
@@ -222,7 +222,7 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
                 add(b + name + ".weight", (np.stack([m for m, _ in mats]), mats[0][1]))
     w.write_header_to_file()
     w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=False)
+    w.write_tensors_to_file(progress=progress)
     w.close()
     os.replace(tmp, path)
     return path
@@ -237,7 +237,11 @@ def cached_synthetic(spec: SynthSpec) -> Path:
     key = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
     path = cache_dir() / "synth" / f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}.gguf"
     if not path.is_file():
-        write_synthetic(spec, path)
+        import sys
+
+        print(f"writing synthetic model {path.name} (first use; the 0.6B geometry takes ~20 s)",
+              file=sys.stderr, flush=True)
+        write_synthetic(spec, path, progress=True)
     return path
 
 
