@@ -285,9 +285,6 @@ class GGUFFile:
             raise MetadataError(f"{self.path}: tensor {name!r} is missing")
         return t
 
-    def maybe_tensor(self, name: str) -> TensorInfo | None:
-        return self.tensors.get(name)
-
     def format_summary(self) -> dict[str, tuple[int, int]]:
         """{block format name: (tensor count, bytes)} over all tensors, largest first."""
         out: dict[str, list[int]] = {}
@@ -296,11 +293,6 @@ class GGUFFile:
             entry[0] += 1
             entry[1] += t.n_bytes
         return {k: (v[0], v[1]) for k, v in sorted(out.items(), key=lambda kv: -kv[1][1])}
-
-
-def block_size_bytes(ggml_type: GGMLQuantizationType) -> tuple[int, int]:
-    """(elements per block, bytes per block) of a GGML format."""
-    return GGML_QUANT_SIZES[ggml_type]
 
 
 def _check_path(path: Path) -> None:

@@ -26,7 +26,9 @@ straddles two positions and `truncate` stays one line.
 from __future__ import annotations
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 
+from . import quant
 from .errors import FucinaError, KvCacheHeadDimNotBlockAligned, KvCacheOverflow
 
 CACHE_TYPES = ("f16", "q8_0")
@@ -34,14 +36,10 @@ Q8_BLOCK = 32
 
 
 def quantize_q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 `[..., d]` -> (int8 `[..., d]`, float16 scales `[..., d/32]`), ggml's q8_0 rule:
-    scale = max|x| / 127 per block, values rounded half-to-even (the x86 kernels' rounding)."""
-    blocks = x.reshape(*x.shape[:-1], -1, Q8_BLOCK)                               # [..., d/32, 32]
-    amax = np.max(np.abs(blocks), axis=-1)                                         # [..., d/32]
-    d = (amax / np.float32(127)).astype(np.float32)
-    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)
-    q = np.rint(blocks * inv[..., None]).astype(np.int8)
-    return q.reshape(x.shape), d.astype(np.float16)
+    """float32 `[..., d]` -> (int8 `[..., d]`, float16 scales `[..., d/32]`): ggml's q8_0 rule, the
+    very quantizer the matmul kernels use for activations (scale = max|x| / 127, x86 rounding)."""
+    qa = quant.quantize_activations(x.reshape(-1, x.shape[-1]), T.Q8_0)
+    return qa.qi.reshape(x.shape), qa.d.astype(np.float16).reshape(*x.shape[:-1], -1)
 
 
 class KvCache:

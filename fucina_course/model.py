@@ -156,11 +156,6 @@ class Model:
         ids = self._ids(ids)
         return self._forward(ids, [_Segment(0, len(ids), 0, None)], last_only=True)[0]
 
-    def forward_all_logits(self, ids) -> np.ndarray:
-        """Cacheless: logits for every position of the sequence `[n, vocab]`."""
-        ids = self._ids(ids)
-        return self._forward(ids, [_Segment(0, len(ids), 0, None)], last_only=False)
-
     def forward_step_batch(self, ids, caches: list[KvCache]) -> np.ndarray:
         """One new token for each of N independent streams in one pass: `[N, vocab]`.
 

@@ -98,13 +98,6 @@ def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     return silu(gate) * up
 
 
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """exp(x - max) times the reciprocal of its float64 sum (ggml's order of operations)."""
-    m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - m)
-    return e * (1.0 / np.sum(e, axis=axis, keepdims=True, dtype=np.float64)).astype(np.float32)
-
-
 def causal_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, q_pos0: int, scale: float) -> np.ndarray:
     """Grouped-query causal attention.
 
