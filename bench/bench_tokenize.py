@@ -79,7 +79,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from fucina_course import GGUFFile, Tokenizer
-    from fucina_course.models import qwen3_vocab_path
+    from fucina_course.catalog import qwen3_vocab_path
 
     path = qwen3_vocab_path()
     text = build_text()

@@ -34,7 +34,7 @@ def resolve(model: str) -> str:
         if geometry != "qwen3-0.6b":
             raise SystemExit(f"unknown synthetic geometry {geometry!r}")
         return str(cached_synthetic(with_format(QWEN3_0_6B, fmt)))
-    from fucina_course.models import resolve as resolve_model
+    from fucina_course.catalog import resolve as resolve_model
 
     return str(resolve_model(model))
 

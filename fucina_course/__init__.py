@@ -27,6 +27,7 @@ _PUBLIC = {
     "Tokenizer": "tokenizer", "StreamDecoder": "tokenizer", "TokenType": "tokenizer",
     "KvCache": "kv_cache",
     "Model": "model",
+    "load_model": "catalog",
     **{name: "errors" for name in (
         "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture", "UnsupportedFormat",
         "ShapeMismatch", "TokenizerError", "InvalidSequenceLength", "KvCacheOverflow",

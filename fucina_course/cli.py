@@ -21,7 +21,7 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 def _open(model: str):
     from .gguf_file import GGUFFile
-    from .models import resolve
+    from .catalog import resolve
 
     return GGUFFile(resolve(model))
 
@@ -87,9 +87,9 @@ def cmd_tokenize(args) -> int:
 # --- generation, logits, cache verification, benchmark ------------------------------------------------
 
 def _load_model(args):
-    from .model import Model
+    from .catalog import load_model
 
-    return Model.load(args.model, threads=args.threads)
+    return load_model(args.model, threads=args.threads)
 
 
 def _prompt_ids(model, args) -> list[int]:
@@ -234,16 +234,16 @@ def cmd_bench(args) -> int:
 # --- models -----------------------------------------------------------------------------------------
 
 def cmd_models(args) -> int:
-    from . import models
+    from . import catalog
 
     if args.action == "list":
-        print(f"cache: {models.cache_dir()}")
-        for name, path, info in models.list_cached():
+        print(f"cache: {catalog.cache_dir()}")
+        for name, path, info in catalog.list_cached():
             state = str(path) if path else "not downloaded"
-            default = " (default)" if name == models.DEFAULT_MODEL else ""
+            default = " (default)" if name == catalog.DEFAULT_MODEL else ""
             print(f"{name}{default}: {info.description}\n    {info.size / 1e6:,.0f} MB, {state}")
         return 0
-    print(models.fetch(args.name))
+    print(catalog.fetch(args.name))
     return 0
 
 

@@ -78,14 +78,15 @@ class Model:
     # --- loading --------------------------------------------------------------------------------
 
     @classmethod
-    def load(cls, model: str | os.PathLike | None = None, *, threads: int | None = None) -> "Model":
-        """Open a GGUF (path or named model), read its config and tokenizer, map its weights."""
-        from .models import resolve
+    def load(cls, path: str | os.PathLike, *, threads: int | None = None) -> "Model":
+        """Open a GGUF file, read its config and tokenizer, map its weights.
+
+        A model *name* (`"qwen2.5-coder-0.5b"`) is resolved to a path by `catalog.load_model`."""
         from .tokenizer import Tokenizer
 
         if threads:
             set_threads(threads)
-        gguf = GGUFFile(resolve(model))
+        gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
         if cfg.num_experts:
             raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) are not supported by this engine yet")

@@ -73,7 +73,7 @@ def vocabulary(vocab_size: int) -> dict:
     build them (merge i creates token 256 + i), then the three ChatML markers.
     """
     from .gguf_file import GGUFFile
-    from .models import qwen3_vocab_path
+    from .catalog import qwen3_vocab_path
 
     g = GGUFFile(qwen3_vocab_path())
     tokens = [t.decode() for t in g.get_strings("tokenizer.ggml.tokens")]
@@ -230,7 +230,7 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
 
 def cached_synthetic(spec: SynthSpec) -> Path:
     """A synthetic model in the cache dir (written on first use; the name encodes the spec)."""
-    from .models import cache_dir
+    from .catalog import cache_dir
 
     import hashlib
 

