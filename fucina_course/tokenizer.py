@@ -59,11 +59,13 @@ class TokenType(IntEnum):
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character map.
 
-    The 188 bytes that print as themselves ('!'..'~', '¡'..'¬', '®'..'ÿ') keep their code point;
-    the other 68 (controls, space, DEL, NBSP, soft hyphen, ...) are shifted, in byte order, to
-    U+0100, U+0101, ...  So 0x20 (space) becomes U+0120 'Ġ' and 0x0A (newline) U+010A 'Ċ'.
+    The 188 bytes that print as themselves ('!'..'~', '¡'..'¬', '®'..'ÿ') keep their
+    code point; the other 68 (controls, space, DEL, NBSP, soft hyphen, ...) are shifted,
+    in byte order, to U+0100, U+0101, ...  So 0x20 (space) becomes U+0120 'Ġ' and 0x0A
+    (newline) U+010A 'Ċ'.
     """
-    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    printable = [*range(ord("!"), ord("~") + 1),
+                 *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
     mapping, shifted = {}, 0
     for b in range(256):
         if b in printable:
@@ -248,22 +250,26 @@ class Tokenizer:
         return ids
 
     def encode_raw(self, text: str | bytes, *, special: bool = True) -> list[int]:
-        """Text -> ids with no BOS/EOS: chat templates own every structural token themselves."""
-        data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+        """Text -> ids with no BOS/EOS: chat templates own every structural token."""
+        if isinstance(text, str):
+            data = text.encode("utf-8", "surrogatepass")
+        else:
+            data = bytes(text)
         ids: list[int] = []
         for piece in self._partition(data, special):
             if isinstance(piece, int):
                 ids.append(piece)
             else:
                 for chunk in self.pretokenizer.split(decode_utf8_like_llama(piece)):
-                    ids.extend(self._encode_chunk(chunk.encode("utf-8", "surrogatepass")))
+                    chunk_bytes = chunk.encode("utf-8", "surrogatepass")
+                    ids.extend(self._encode_chunk(chunk_bytes))
         return ids
 
     def _partition(self, data: bytes, special: bool) -> list[bytes | int]:
         """Cut marker texts out of `data`: a list of raw byte fragments and marker ids.
 
-        Same order as llama.cpp's `tokenizer_st_partition`: for each marker (longest first), every
-        still-raw fragment is split at each occurrence.
+        Same order as llama.cpp's `tokenizer_st_partition`: for each marker (longest
+        first), every still-raw fragment is split at each occurrence.
         """
         pieces: list[bytes | int] = [data] if data else []
         for text, tid, kind in self.special_markers:
@@ -299,8 +305,9 @@ class Tokenizer:
     def bpe(self, chunk: bytes) -> list[bytes]:
         """Merge the bytes of one chunk: lowest rank first, leftmost among equal ranks.
 
-        Kept small on purpose: `rank_of[i]` is the rank of the pair (parts[i], parts[i+1]); after a
-        merge only the two neighbouring pairs change, and `min` + `index` find the next merge in C.
+        Kept small on purpose: `rank_of[i]` is the rank of the pair (parts[i],
+        parts[i+1]); after a merge only the two neighbouring pairs change, and `min` +
+        `index` find the next merge in C.
         """
         parts = [chunk[i:i + 1] for i in range(len(chunk))]
         ranks = self.ranks
@@ -367,9 +374,10 @@ class Tokenizer:
 class StreamDecoder:
     """Decode one id at a time and emit only complete UTF-8.
 
-    A token can end in the middle of a multi-byte character (an emoji is often 2-3 tokens): the
-    incomplete tail is held back until the next token completes it, so a terminal never shows
-    half a character.  `flush()` releases whatever is left at the end of the stream.
+    A token can end in the middle of a multi-byte character (an emoji is often 2-3
+    tokens): the incomplete tail is held back until the next token completes it, so a
+    terminal never shows half a character.  `flush()` releases whatever is left at the
+    end of the stream.
     """
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
@@ -379,8 +387,9 @@ class StreamDecoder:
 
     def push(self, tid: int) -> str:
         """Add one id; return the text that is now complete (possibly '')."""
-        return self._decoder.decode(self.tokenizer.decode_bytes([tid], skip_special=self.skip_special))
+        data = self.tokenizer.decode_bytes([tid], skip_special=self.skip_special)
+        return self._decoder.decode(data)
 
     def flush(self) -> str:
-        """End of stream: return the held-back tail (an incomplete character becomes U+FFFD)."""
+        """End of stream: the held-back tail (a cut-off character becomes U+FFFD)."""
         return self._decoder.decode(b"", final=True)
