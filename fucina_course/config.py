@@ -1,18 +1,13 @@
 """The whole architecture of a model, as a handful of integers read from its GGUF file.
 
-Nobody types these numbers in: `Config.from_gguf` reads them from the `<arch>.*` metadata keys, so
-every Qwen3 size (0.6B ... 32B, and the 30B-A3B / 235B-A22B mixture-of-experts) loads without
-hard-coding.  The near relatives share the code path and differ by three flags:
+Nobody types these numbers in: `Config.from_gguf` reads them from the `<arch>.*` metadata
+keys, so every Qwen3 size (0.6B ... 32B, and the 30B-A3B / 235B-A22B mixture-of-experts)
+loads without hard-coding.  What differs between the near relatives (qwen2, llama) is not a
+number but a switch; those live in one record per family (families.py), which `Config`
+carries as `family`.
 
-| architecture | q/k RMSNorm | QKV bias | RoPE pairing            |
-|--------------|-------------|----------|-------------------------|
-| `qwen3`      | yes         | no       | "neox" (i with i + d/2) |
-| `qwen3moe`   | yes         | no       | "neox"                  |
-| `qwen2`      | no          | yes      | "neox"                  |
-| `llama`      | no          | no       | "normal" (2i with 2i+1) |
-
-Structural counts are read with `positive=True`: a layer count or head count of zero can only be a
-broken file, and saying so beats building an empty model.
+Structural counts are read with `positive=True`: a layer count or head count of zero can only
+be a broken file, and saying so beats building an empty model.
 """
 
 from __future__ import annotations
@@ -20,13 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .errors import MetadataError, UnsupportedArchitecture
+from .families import FAMILIES, Family
 
-SUPPORTED_ARCHITECTURES = ("qwen3", "qwen3moe", "qwen2", "llama")
+SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
 
 
 @dataclass(frozen=True)
 class Config:
-    arch: str
+    family: Family
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -37,9 +33,6 @@ class Config:
     rms_norm_eps: float
     rope_theta: float
     context_length: int
-    rope_style: str          # "neox" (half-split pairs) or "normal" (interleaved pairs)
-    qk_norm: bool            # per-head RMSNorm on q and k (Qwen3)
-    qkv_bias: bool           # bias on the q/k/v projections (Qwen2)
     num_experts: int = 0     # mixture of experts (qwen3moe); 0 for dense models
     num_experts_used: int = 0
     moe_intermediate_size: int = 0
@@ -48,9 +41,11 @@ class Config:
     @classmethod
     def from_gguf(cls, gguf) -> "Config":
         arch = gguf.architecture
-        if arch not in SUPPORTED_ARCHITECTURES:
+        if arch not in FAMILIES:
             raise UnsupportedArchitecture(
-                f"{gguf.path}: architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+                f"{gguf.path}: architecture {arch!r} is not supported "
+                f"(supported: {', '.join(FAMILIES)})")
+        family = FAMILIES[arch]
 
         def key(suffix: str) -> str:
             return f"{arch}.{suffix}"
@@ -60,9 +55,14 @@ class Config:
         kv_heads = gguf.get_int(key("attention.head_count_kv"), heads, positive=True)
         head_dim = gguf.get_int(key("attention.key_length"), hidden // heads, positive=True)
         if heads % kv_heads:
-            raise MetadataError(f"{gguf.path}: {heads} query heads cannot be grouped over {kv_heads} KV heads")
-        moe = arch == "qwen3moe"
+            raise MetadataError(f"{gguf.path}: {heads} query heads cannot be grouped "
+                                f"over {kv_heads} KV heads")
+        moe = family.moe
         layers = gguf.get_int(key("block_count"), positive=True)
+
+        def moe_int(suffix: str) -> int:
+            return gguf.get_int(key(suffix), positive=True) if moe else 0
+
         if gguf.has(key("vocab_size")):
             vocab = gguf.get_int(key("vocab_size"), positive=True)
         elif "token_embd.weight" in gguf.tensors:
@@ -70,10 +70,11 @@ class Config:
         else:
             vocab = len(gguf.get_strings("tokenizer.ggml.tokens"))
         return cls(
-            arch=arch,
+            family=family,
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=gguf.get_int(key("feed_forward_length"), 0 if moe else None, positive=not moe),
+            intermediate_size=gguf.get_int(key("feed_forward_length"), 0 if moe else None,
+                                           positive=not moe),
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -81,16 +82,29 @@ class Config:
             rms_norm_eps=gguf.get_float(key("attention.layer_norm_rms_epsilon"), 1e-6),
             rope_theta=gguf.get_float(key("rope.freq_base"), 10000.0),
             context_length=gguf.get_int(key("context_length"), 4096, positive=True),
-            rope_style="normal" if arch == "llama" else "neox",
-            qk_norm=arch in ("qwen3", "qwen3moe"),
-            qkv_bias=arch == "qwen2",
-            num_experts=gguf.get_int(key("expert_count"), positive=True) if moe else 0,
-            num_experts_used=gguf.get_int(key("expert_used_count"), positive=True) if moe else 0,
-            moe_intermediate_size=gguf.get_int(key("expert_feed_forward_length"), positive=True) if moe else 0,
+            num_experts=moe_int("expert_count"),
+            num_experts_used=moe_int("expert_used_count"),
+            moe_intermediate_size=moe_int("expert_feed_forward_length"),
             norm_topk_prob=gguf.get_bool(key("expert_weights_norm"), True) if moe else True,
         )
 
-    # --- derived sizes --------------------------------------------------------------------------
+    # --- the family's switches, and derived sizes -----------------------------------------
+
+    @property
+    def arch(self) -> str:
+        return self.family.arch
+
+    @property
+    def rope_style(self) -> str:
+        return self.family.rope_style
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.family.qk_norm
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.family.qkv_bias
 
     @property
     def q_dim(self) -> int:
@@ -105,9 +119,23 @@ class Config:
         return self.num_heads // self.num_kv_heads
 
     def kv_bytes_per_position(self, cache_type: str = "f16") -> int:
-        """Bytes the KV cache holds per token: layers x (K and V) x kv_heads x head_dim x element size."""
-        per_row = self.head_dim * 2 if cache_type == "f16" else self.head_dim // 32 * 34
+        """Bytes the KV cache holds per token: layers x (K and V) x kv_heads x the bytes of
+        one row of head_dim values (2 per value in f16; a 34-byte block per 32 in q8_0)."""
+        if cache_type == "f16":
+            per_row = self.head_dim * 2
+        else:
+            from gguf import GGMLQuantizationType as T
+
+            from .quant import block_geometry
+
+            values, nbytes = block_geometry(T.Q8_0)
+            per_row = self.head_dim // values * nbytes
         return self.num_layers * 2 * self.num_kv_heads * per_row
 
     def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every field and switch by name (the family flattened into arch + its switches)."""
+        out = {"arch": self.arch, "rope_style": self.rope_style, "qk_norm": self.qk_norm,
+               "qkv_bias": self.qkv_bias}
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "family"})
+        return out
+

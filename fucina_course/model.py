@@ -1,128 +1,152 @@
 """The transformer: embedding -> N x (attention block + FFN block) -> final norm -> lm_head.
 
-One forward function serves every entry point; they differ only in which rows they feed, which
-KV caches they read and write, and which logits they return:
+Per layer, in code order (`attention_block`, `ffn_block`):
 
-| entry                      | input                         | cache        | returns                 |
-|----------------------------|-------------------------------|--------------|-------------------------|
-| `forward_step`             | n tokens at pos0 (prefill/decode) | one, len == pos0 | last position's logits |
-| `forward_step_all_logits`  | n tokens at pos0              | one          | logits of all n positions |
-| `forward_last_logits`      | a whole sequence              | none (oracle) | last position's logits |
-| `forward_step_batch`       | one token for each of N streams | N caches   | `[N, vocab]`            |
+    h = rmsnorm(x) ; q, k, v = h Wq, h Wk, h Wv            (+ bias: qwen2)
+    q, k = per-head rmsnorm(q), rmsnorm(k)                  (qwen3)
+    q, k = rope(q, positions), rope(k, positions)
+    x = x + attention(q, K_cache + k, V_cache + v) Wo       # residual add
+    h = rmsnorm(x) ; x = x + (silu(h Wgate) * h Wup) Wdown  # residual add
 
-Per layer, in code order (Qwen3; the relatives differ by the config flags of `config.py`):
+Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block reads
+it through a norm and adds its contribution back.  Which switches apply is the family's record
+(families.py).
 
-    h = rmsnorm(x) ; q, k, v = h Wq, h Wk, h Wv (+ bias for qwen2)
-    q, k = per-head rmsnorm (qwen3) ; q, k = rope(q, k, positions)
-    x = x + attention(q, K_cache, V_cache) Wo          # residual add
-    h = rmsnorm(x) ; x = x + (silu(h Wgate) * h Wup) Wdown
+One forward function serves every entry point; they differ in which rows they feed, which KV
+caches they read and write, and which logits they return:
 
-Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block reads it
-through a norm and adds its contribution back.
+| entry                     | input                         | cache          | returns            |
+|---------------------------|-------------------------------|----------------|--------------------|
+| `forward_step`            | n tokens at pos0              | one, len==pos0 | last logits        |
+| `forward_step_all_logits` | n tokens at pos0              | one            | logits of all n    |
+| `forward_last_logits`     | a whole sequence              | none (oracle)  | last logits        |
+| `forward_step_batch`      | one token per stream, N       | N caches       | `[N, vocab]`       |
 
-Where the time goes (bench/profile_step.py; docs/BENCHMARKS.md has the tables).  Decode, one
-token: the matrix x vector products stream every weight byte once, ~90% of the step (Qwen3-0.6B
-geometry, Q8_0: 604 MiB per token, ~53 ms at ~12 GB/s); attention over a short cache, norms and RoPE
-are the rest.  Prefill multiplies matrices by `[n, hidden]` activations and is compute bound (the
-FFN alone ~half of a 256-token prefill, attention ~15-20%).  `Model.profile` (a dict, off by default)
-accumulates seconds per stage to show it.
+Where the time goes (bench/profile_step.py; tables in docs/BENCHMARKS.md): a decode step is
+~90% matrix x vector products that stream every weight byte once (Qwen3-0.6B geometry, Q8_0:
+604 MiB per token, ~53 ms at ~12 GB/s); prefill multiplies matrices by `[n, hidden]` rows and
+is compute bound (the FFN alone ~half of a 256-token prefill, attention ~15-20%).
+`Model.profile` (a dict, off by default) accumulates seconds per block to show it.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .attention import Segment, attend
 from .config import Config
-from .errors import FucinaError, InvalidSequenceLength, ShapeMismatch, TokenizerError
+from .errors import FucinaError, InvalidSequenceLength, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
-from .ops import apply_rope, causal_attention, decode_attention, rms_norm, rope_angles, swiglu
-from .weights import FusedLinear, LinearWeight
+from .ops import apply_rope, rms_norm, rope_angles, swiglu
+from .weights import FusedLinear, LinearWeight, WeightReader
 
 
 @dataclass
 class Layer:
-    attn_norm: np.ndarray
-    qkv: FusedLinear
-    q_norm: np.ndarray | None
-    k_norm: np.ndarray | None
-    attn_out: LinearWeight
-    ffn_norm: np.ndarray
-    gate_up: FusedLinear
-    down: LinearWeight
+    """One transformer block's weights, GGUF tensors `blk.{i}.*` (matrices as [out, in])."""
+
+    attn_norm: np.ndarray          # [hidden]
+    qkv: FusedLinear               # Wq [heads*head_dim, hidden]; Wk, Wv [kv_heads*head_dim, hidden]
+    q_norm: np.ndarray | None      # [head_dim] (qwen3 only)
+    k_norm: np.ndarray | None      # [head_dim] (qwen3 only)
+    attn_out: LinearWeight         # Wo [hidden, heads*head_dim]
+    ffn_norm: np.ndarray           # [hidden]
+    gate_up: FusedLinear           # Wgate, Wup [ffn, hidden]
+    down: LinearWeight             # Wdown [hidden, ffn]
 
 
 @dataclass
-class _Segment:
-    """Rows `start:stop` of a step belong to one sequence, with its cache and first position."""
+class Step:
+    """What one forward call needs besides the weights."""
 
-    start: int
-    stop: int
-    pos0: int
-    cache: KvCache | None
+    segments: list[Segment]        # which rows are which sequence, with its cache
+    cos: np.ndarray                # [n, head_dim/2] RoPE angles of each row's position
+    sin: np.ndarray                # [n, head_dim/2]
+    path: str = "auto"             # how matrices meet several rows (weights.py)
+
+
+def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
+    """x `[n, hidden]` -> the attention block's contribution `[n, hidden]`."""
+    n, H, KVH, D = len(x), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)                    # [n, hidden]
+    q, k, v = layer.qkv(h, step.path)                                     # [n, H*D], [n, KVH*D]
+    q, k, v = q.reshape(n, H, D), k.reshape(n, KVH, D), v.reshape(n, KVH, D)
+    if layer.q_norm is not None:
+        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)                   # per head: [n, H, D]
+        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)                   # [n, KVH, D]
+    q = apply_rope(q, step.cos, step.sin, cfg.rope_style)                 # values: no RoPE
+    k = apply_rope(k, step.cos, step.sin, cfg.rope_style)
+    out = attend(q, k, v, step.segments, index, 1.0 / np.sqrt(D))        # [n, H*D]
+    return layer.attn_out(out, step.path)                                 # [n, hidden]
+
+
+def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
+    """x `[n, hidden]` -> the SwiGLU feed-forward block's contribution `[n, hidden]`."""
+    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)                     # [n, hidden]
+    gate, up = layer.gate_up(h, step.path)                                # [n, ffn] each
+    return layer.down(swiglu(gate, up), step.path)                        # [n, hidden]
+
+
+def load_layer(w: WeightReader, cfg: Config, i: int) -> Layer:
+    """Layer i's weights, every shape checked against the config."""
+    fam, b = cfg.family, f"blk.{i}."
+    h, qd, kvd, ffn, D = (cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size,
+                          cfg.head_dim)
+    return Layer(
+        attn_norm=w.vector(b + "attn_norm.weight", h),
+        qkv=FusedLinear([w.linear(b + "attn_q", qd, h, bias=fam.qkv_bias),
+                         w.linear(b + "attn_k", kvd, h, bias=fam.qkv_bias),
+                         w.linear(b + "attn_v", kvd, h, bias=fam.qkv_bias)]),
+        q_norm=w.vector(b + "attn_q_norm.weight", D) if fam.qk_norm else None,
+        k_norm=w.vector(b + "attn_k_norm.weight", D) if fam.qk_norm else None,
+        attn_out=w.linear(b + "attn_output", h, qd),
+        ffn_norm=w.vector(b + "ffn_norm.weight", h),
+        gate_up=FusedLinear([w.linear(b + "ffn_gate", ffn, h), w.linear(b + "ffn_up", ffn, h)]),
+        down=w.linear(b + "ffn_down", h, ffn),
+    )
 
 
 class Model:
     def __init__(self, gguf: GGUFFile, config: Config, tokenizer, embedding: LinearWeight,
                  layers: list[Layer], output_norm: np.ndarray, output: LinearWeight):
         self.gguf, self.config, self.tokenizer = gguf, config, tokenizer
-        self.embedding, self.layers, self.output_norm, self.output = embedding, layers, output_norm, output
+        self.embedding = embedding          # [vocab, hidden]: one row per token id
+        self.layers = layers
+        self.output_norm = output_norm      # [hidden]
+        self.output = output                # lm_head [vocab, hidden] (maybe `embedding` itself)
         self.profile: dict[str, float] | None = None
 
-    # --- loading --------------------------------------------------------------------------------
+    # --- loading ------------------------------------------------------------------------------
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: int | None = None) -> "Model":
         """Open a GGUF file, read its config and tokenizer, map its weights.
 
-        A model *name* (`"qwen2.5-coder-0.5b"`) is resolved to a path by `catalog.load_model`."""
+        A model *name* ("qwen2.5-coder-0.5b") becomes a path in `catalog.load_model`."""
         from .tokenizer import Tokenizer
 
         if threads:
             set_threads(threads)
         gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
-        if cfg.num_experts:
-            raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) are not supported by this engine yet")
+        if cfg.family.moe:
+            raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) are not "
+                              "supported by this engine yet")
         tokenizer = Tokenizer.from_gguf(gguf) if gguf.has("tokenizer.ggml.tokens") else None
-
-        def vec(name: str, n: int) -> np.ndarray:
-            t = gguf.tensor(name)
-            if t.ggml_type.name != "F32" or t.n_elements != n:
-                raise ShapeMismatch(f"tensor {name!r} should be {n} float32 values, is {t.type_name} {t.shape}")
-            return t.data.view(np.float32)
-
-        def linear(name: str, n_out: int, n_in: int, bias: bool = False) -> LinearWeight:
-            b = vec(name.replace(".weight", ".bias"), n_out) if bias else None
-            return LinearWeight(gguf.tensor(name), b).expect(n_out, n_in)
-
-        h, qd, kvd = cfg.hidden_size, cfg.q_dim, cfg.kv_dim
-        embedding = linear("token_embd.weight", cfg.vocab_size, h)
+        w = WeightReader(gguf)
+        embedding = w.linear("token_embd", cfg.vocab_size, cfg.hidden_size)
         # Tied output: without output.weight the embedding table is the lm_head (same object).
-        output = linear("output.weight", cfg.vocab_size, h) if "output.weight" in gguf.tensors else embedding
-        layers = []
-        for i in range(cfg.num_layers):
-            b = f"blk.{i}."
-            layers.append(Layer(
-                attn_norm=vec(b + "attn_norm.weight", h),
-                qkv=FusedLinear([linear(b + "attn_q.weight", qd, h, cfg.qkv_bias),
-                                 linear(b + "attn_k.weight", kvd, h, cfg.qkv_bias),
-                                 linear(b + "attn_v.weight", kvd, h, cfg.qkv_bias)]),
-                q_norm=vec(b + "attn_q_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
-                k_norm=vec(b + "attn_k_norm.weight", cfg.head_dim) if cfg.qk_norm else None,
-                attn_out=linear(b + "attn_output.weight", h, qd),
-                ffn_norm=vec(b + "ffn_norm.weight", h),
-                gate_up=FusedLinear([linear(b + "ffn_gate.weight", cfg.intermediate_size, h),
-                                     linear(b + "ffn_up.weight", cfg.intermediate_size, h)]),
-                down=linear(b + "ffn_down.weight", h, cfg.intermediate_size),
-            ))
-        return cls(gguf, cfg, tokenizer, embedding, layers, vec("output_norm.weight", h), output)
+        output = (w.linear("output", cfg.vocab_size, cfg.hidden_size) if w.has("output")
+                  else embedding)
+        layers = [load_layer(w, cfg, i) for i in range(cfg.num_layers)]
+        output_norm = w.vector("output_norm.weight", cfg.hidden_size)
+        return cls(gguf, cfg, tokenizer, embedding, layers, output_norm, output)
 
     @property
     def path(self) -> Path:
@@ -130,47 +154,51 @@ class Model:
 
     def new_cache(self, capacity: int | None = None, cache_type: str = "f16") -> KvCache:
         """A KV cache for one sequence (default capacity: min(context length, 4096))."""
-        return KvCache.for_config(self.config, capacity or min(self.config.context_length, 4096), cache_type)
+        capacity = capacity or min(self.config.context_length, 4096)
+        return KvCache.for_config(self.config, capacity, cache_type)
 
-    # --- entry points ---------------------------------------------------------------------------
+    # --- entry points -------------------------------------------------------------------------
 
     def forward_step(self, ids, pos0: int, cache: KvCache) -> np.ndarray:
-        """Run `ids` at positions pos0.. through the model, appending to `cache`; last logits `[vocab]`.
+        """Run `ids` at positions pos0.. through the model, appending to `cache`: `[vocab]`.
 
         With a fresh cache and pos0 == 0 this is prefill, and the result equals
-        `forward_last_logits(ids)` (the cacheless oracle) up to float16 rounding of cached K/V.
+        `forward_last_logits(ids)` (the cacheless oracle) up to the cache's rounding of K/V.
         """
-        return self._forward(self._ids(ids), [_Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))],
-                             last_only=True)[0]
+        ids = self._ids(ids)
+        segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
+        return self._forward(ids, [segment], last_only=True)[0]
 
     def forward_step_all_logits(self, ids, pos0: int, cache: KvCache) -> np.ndarray:
         """Like `forward_step`, but logits for every appended position: `[n, vocab]`.
 
-        This is the verify step of speculative decoding: n positions checked for about the
-        weight traffic of one step.
+        The verify step of speculative decoding: n positions checked for about the weight
+        traffic of one step.
         """
-        return self._forward(self._ids(ids), [_Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))],
-                             last_only=False)
+        ids = self._ids(ids)
+        segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
+        return self._forward(ids, [segment], last_only=False)
 
     def forward_last_logits(self, ids) -> np.ndarray:
         """Cacheless: the whole sequence from scratch; last position's logits `[vocab]`."""
         ids = self._ids(ids)
-        return self._forward(ids, [_Segment(0, len(ids), 0, None)], last_only=True)[0]
+        return self._forward(ids, [Segment(0, len(ids), 0, None)], last_only=True)[0]
 
     def forward_step_batch(self, ids, caches: list[KvCache]) -> np.ndarray:
         """One new token for each of N independent streams in one pass: `[N, vocab]`.
 
-        The weights are read once for all N rows (the batch-decode bandwidth win); RoPE positions,
-        KV appends and attention are per stream.
+        The weights are read once for all N rows (the batch-decode bandwidth win); RoPE
+        positions, KV appends and attention are per stream.
         """
         ids = self._ids(ids)
         if len(ids) != len(caches):
             raise FucinaError(f"{len(ids)} tokens for {len(caches)} streams")
-        segments = [_Segment(i, i + 1, c.len, self._check_cache(c, c.len, 1)) for i, c in enumerate(caches)]
+        segments = [Segment(i, i + 1, c.len, self._check_cache(c, c.len, 1))
+                    for i, c in enumerate(caches)]
         return self._forward(ids, segments, last_only=False)
 
-    def generate(self, prompt_ids, max_new_tokens: int, *, stop_ids=None, cache: KvCache | None = None,
-                 on_token=None) -> list[int]:
+    def generate(self, prompt_ids, max_new_tokens: int, *, stop_ids=None,
+                 cache: KvCache | None = None, on_token=None) -> list[int]:
         """Greedy generation: prefill the prompt, then argmax one token at a time.
 
         Stops after `max_new_tokens`, at a stop id (default: the tokenizer's end-of-turn ids;
@@ -180,7 +208,8 @@ class Model:
         if stop_ids is None:
             stop_ids = set(self.tokenizer.eot_ids) if self.tokenizer else set()
         if cache is None:
-            cache = self.new_cache(min(self.config.context_length, len(prompt_ids) + max_new_tokens))
+            capacity = min(self.config.context_length, len(prompt_ids) + max_new_tokens)
+            cache = self.new_cache(capacity)
         out: list[int] = []
         if max_new_tokens <= 0:
             return out
@@ -194,7 +223,36 @@ class Model:
                 return out
             logits = self.forward_step([nxt], cache.len, cache)
 
-    # --- the forward pass -----------------------------------------------------------------------
+    # --- the forward pass ---------------------------------------------------------------------
+
+    def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
+                 path: str = "auto") -> np.ndarray:
+        cfg, last = self.config, len(self.layers) - 1
+        positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.stop - s.start)
+                                    for s in segments])
+        step = Step(segments, *rope_angles(positions, cfg.head_dim, cfg.rope_theta), path)
+        x = self._stage("embedding", self.embedding.rows, ids)             # [n, hidden]
+        for i, layer in enumerate(self.layers):
+            x = x + self._stage("attention", attention_block, layer, x, cfg, step, i)
+            if last_only and i == last:
+                x = x[-1:]  # only the last row reaches the logits: skip the others' FFN
+            x = x + self._stage("ffn", ffn_block, layer, x, cfg, step)
+        for s in segments:
+            if s.cache is not None:
+                s.cache.advance(s.stop - s.start)
+        return self._stage("lm_head", self._logits, x)                     # [rows, vocab]
+
+    def _logits(self, x: np.ndarray) -> np.ndarray:
+        return self.output(rms_norm(x, self.output_norm, self.config.rms_norm_eps))
+
+    def _stage(self, name: str, fn, *args):
+        """fn(*args), its wall time added to `self.profile[name]` when profiling is on."""
+        if self.profile is None:
+            return fn(*args)
+        start = time.perf_counter()
+        result = fn(*args)
+        self.profile[name] = self.profile.get(name, 0.0) + time.perf_counter() - start
+        return result
 
     def _ids(self, ids) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -202,87 +260,17 @@ class Model:
             raise FucinaError("a forward step needs at least one token")
         bad = arr[(arr < 0) | (arr >= self.config.vocab_size)]
         if bad.size:
-            raise TokenizerError(f"token id {int(bad[0])} is outside the vocabulary (size {self.config.vocab_size})")
+            raise TokenizerError(f"token id {int(bad[0])} is outside the vocabulary "
+                                 f"(size {self.config.vocab_size})")
         return arr
 
     def _check_cache(self, cache: KvCache, pos0: int, n: int) -> KvCache:
         if cache.len != pos0:
             raise InvalidSequenceLength(
-                f"forward step at position {pos0}, but the KV cache holds {cache.len} positions "
-                "(pos0 must equal the cache length)")
+                f"forward step at position {pos0}, but the KV cache holds {cache.len} "
+                "positions (pos0 must equal the cache length)")
         cache.check_room(n)
         return cache
-
-    def _timed(self, stage: str):
-        """A context that adds its wall time to `self.profile[stage]`; free when profiling is off."""
-        return _NO_PROFILE if self.profile is None else _StageTimer(self.profile, stage)
-
-    def _forward(self, ids: np.ndarray, segments: list[_Segment], last_only: bool) -> np.ndarray:
-        cfg = self.config
-        n, H, KVH, D = len(ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        eps, scale = cfg.rms_norm_eps, 1.0 / np.sqrt(D)
-        with self._timed("embedding"):
-            x = self.embedding.rows(ids)                                               # [n, hidden]
-            positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.stop - s.start) for s in segments])
-            cos, sin = rope_angles(positions, D, cfg.rope_theta)                       # [n, D/2] each
-        for li, layer in enumerate(self.layers):
-            with self._timed("attn_norm+qkv"):
-                h = rms_norm(x, layer.attn_norm, eps)
-                q, k, v = layer.qkv(h)                                                  # [n, H*D], [n, KVH*D] x2
-            with self._timed("qk_norm+rope"):
-                q = q.reshape(n, H, D)                                                  # [n, H, D]
-                k = k.reshape(n, KVH, D)                                                # [n, KVH, D]
-                v = v.reshape(n, KVH, D)
-                if layer.q_norm is not None:
-                    q = rms_norm(q, layer.q_norm, eps)
-                    k = rms_norm(k, layer.k_norm, eps)
-                q = apply_rope(q, cos, sin, cfg.rope_style)
-                k = apply_rope(k, cos, sin, cfg.rope_style)
-            with self._timed("attention"):
-                attn = np.empty((n, H * D), dtype=np.float32)                           # [n, H*D]
-                for s in segments:
-                    rows = slice(s.start, s.stop)
-                    if s.cache is None:
-                        attn[rows] = causal_attention(q[rows], k[rows], v[rows], s.pos0, scale)
-                        continue
-                    s.cache.append_layer(li, k[rows], v[rows])
-                    ctx = s.pos0 + s.stop - s.start
-                    if s.stop - s.start == 1:  # decode: one query, read the cache in place
-                        attn[s.start] = decode_attention(q[s.start], s.cache, li, ctx, scale)
-                    else:
-                        keys, values = s.cache.layer_kv(li, ctx)                        # [ctx, KVH, D]
-                        attn[rows] = causal_attention(q[rows], keys, values, s.pos0, scale)
-            with self._timed("attn_out"):
-                x = x + layer.attn_out(attn)                                            # residual add
-            if last_only and li == len(self.layers) - 1 and n > 1:
-                x = x[-1:]  # only the last row feeds the logits: skip the FFN for the others
-            with self._timed("ffn"):
-                h = rms_norm(x, layer.ffn_norm, eps)
-                gate, up = layer.gate_up(h)                                             # [n, ffn] x2
-                x = x + layer.down(swiglu(gate, up))                                    # residual add
-        for s in segments:
-            if s.cache is not None:
-                s.cache.advance(s.stop - s.start)
-        with self._timed("lm_head"):
-            if last_only:
-                x = x[-1:]
-            return self.output(rms_norm(x, self.output_norm, eps))                     # [rows, vocab]
-
-
-class _StageTimer:
-    __slots__ = ("profile", "stage", "start")
-
-    def __init__(self, profile: dict, stage: str):
-        self.profile, self.stage = profile, stage
-
-    def __enter__(self):
-        self.start = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.profile[self.stage] = self.profile.get(self.stage, 0.0) + time.perf_counter() - self.start
-
-
-_NO_PROFILE = nullcontext()
 
 
 def set_threads(threads: int) -> None:

@@ -1,18 +1,24 @@
 """Weight matrices as the model sees them: `y = x @ W.T (+ b)` and embedding row lookups.
 
-A `LinearWeight` wraps one GGUF tensor *in its own block format*: the bytes stay memory-mapped and
-the `quant` kernels decode them on the fly, so loading a model costs no more memory than mapping
-its file.  Two conveniences sit on top:
+A `LinearWeight` wraps one GGUF tensor *in its own block format*: the bytes stay memory-mapped
+and the `quant` kernels decode them on the fly, so loading a model costs no more memory than
+mapping its file.  On top of that:
 
-* **Embedding rows.**  `rows(ids)` dequantizes only the rows asked for (a prompt's tokens), never
-  the whole 151,936-row table.
-* **Tied output.**  Many small models reuse the embedding table as the output projection (lm_head).
-  `Model.load` then hands the *same* `LinearWeight` to both roles: no copy, no second mapping.
-* **Fused projections.**  q/k/v (and the FFN's gate/up) read the same input.  When their formats
-  match, `FusedLinear` treats them as one `[sum n_out, n_in]` matrix (`quant.MultiMatrix`): the
-  activations are quantized once and every part's kernel writes its slice of one output, with no
-  weight bytes copied or concatenated.  When formats differ (the Qwen2.5-Coder file stores q/k in
-  Q5_0 and v in Q8_0) it falls back to one call per part.
+* **Embedding rows.**  `rows(ids)` dequantizes only the rows asked for (a prompt's tokens),
+  never the whole 151,936-row table.
+* **Tied output.**  Many small models reuse the embedding table as the output projection
+  (lm_head); `Model.load` then hands the *same* `LinearWeight` to both roles: no copy.
+* **Fused projections.**  q/k/v (and the FFN's gate/up) read the same input.  When their
+  formats match, `FusedLinear` treats them as one `[sum n_out, n_in]` matrix
+  (`quant.MultiMatrix`): the activations are quantized once and every part's kernel writes its
+  slice of one output, with no weight bytes copied.  When formats differ (the Qwen2.5-Coder
+  file stores q/k in Q5_0 and v in Q8_0) it falls back to one call per part.
+* **Checked shapes.**  `WeightReader` fetches a model's tensors by name and checks each shape
+  against the config: a mismatch is a broken or foreign file, named in the error.
+
+`path` chooses how a matrix meets several activation rows (`quant.matmul`): "auto" (fastest
+for the row count) or "rows", which computes every row with the decode kernels' numerics
+(the cache oracle uses it: kv_cache.py, `Model.forward_last_logits`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import numpy as np
 
 from . import quant
 from .errors import ShapeMismatch
-from .gguf_file import TensorInfo
+from .gguf_file import GGUFFile, TensorInfo
 
 
 class LinearWeight:
@@ -55,12 +61,9 @@ class LinearWeight:
                                 f"but the config implies [{n_out}, {n_in}]")
         return self
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """x `[n, n_in]` -> `[n, n_out]`: matrix x vector for one row (decode), matrix x matrix otherwise."""
-        if x.shape[0] == 1:
-            y = quant.matvec(self.matrix, x[0])[None, :]                               # [1, n_out]
-        else:
-            y = quant.matmul(self.matrix, x)                                            # [n, n_out]
+    def __call__(self, x: np.ndarray, path: str = "auto") -> np.ndarray:
+        """x `[n, n_in]` -> `[n, n_out]` (+ bias)."""
+        y = _multiply(self.matrix, x, path)                                 # [n, n_out]
         if self.bias is not None:
             y += self.bias
         return y
@@ -82,14 +85,41 @@ class FusedLinear:
         biases = [p.bias if p.bias is not None else np.zeros(p.n_out, np.float32) for p in parts]
         self.bias = np.concatenate(biases) if any(p.bias is not None for p in parts) else None
 
-    def __call__(self, x: np.ndarray) -> list[np.ndarray]:
+    def __call__(self, x: np.ndarray, path: str = "auto") -> list[np.ndarray]:
         """x `[n, n_in]` -> one `[n, n_out_i]` array per part."""
         if self.fused is None:
-            return [p(x) for p in self.parts]
-        if x.shape[0] == 1:
-            y = quant.matvec(self.fused, x[0])[None, :]                                 # [1, sum n_out]
-        else:
-            y = quant.matmul(self.fused, x)                                              # [n, sum n_out]
+            return [p(x, path) for p in self.parts]
+        y = _multiply(self.fused, x, path)                                  # [n, sum n_out]
         if self.bias is not None:
             y += self.bias
         return np.split(y, self.splits, axis=1)
+
+
+def _multiply(matrix, x: np.ndarray, path: str) -> np.ndarray:
+    """x `[n, n_in]` @ W.T: matrix x vector for one row (decode), matrix x matrix otherwise."""
+    if x.shape[0] == 1:
+        return quant.matvec(matrix, x[0])[None, :]                          # [1, n_out]
+    return quant.matmul(matrix, x, path=path)                               # [n, n_out]
+
+
+class WeightReader:
+    """A model's tensors by GGUF name, each checked against the shape the config implies."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+
+    def has(self, name: str) -> bool:
+        return f"{name}.weight" in self.gguf.tensors
+
+    def vector(self, name: str, n: int) -> np.ndarray:
+        """Tensor `name` as n float32 values (norm weights, biases), zero-copy."""
+        t = self.gguf.tensor(name)
+        if t.ggml_type.name != "F32" or t.n_elements != n:
+            raise ShapeMismatch(f"tensor {t.name!r} should be {n} float32 values, "
+                                f"is {t.type_name} {t.shape}")
+        return t.data.view(np.float32)
+
+    def linear(self, name: str, n_out: int, n_in: int, bias: bool = False) -> LinearWeight:
+        """`{name}.weight` as an `[n_out, n_in]` matrix (+ `{name}.bias` if `bias`)."""
+        b = self.vector(f"{name}.bias", n_out) if bias else None
+        return LinearWeight(self.gguf.tensor(f"{name}.weight"), b).expect(n_out, n_in)

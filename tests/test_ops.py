@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fucina_course import ops
+from fucina_course import attention, ops
 from fucina_course.kv_cache import KvCache
 
 rng = np.random.default_rng(0)
@@ -45,16 +45,16 @@ def test_rope_scores_depend_only_on_relative_position(style):
 def test_attention_over_one_position_returns_v():
     q = rng.standard_normal((1, 4, 32)).astype(np.float32)
     v = rng.standard_normal((1, 2, 32)).astype(np.float32)
-    out = ops.causal_attention(q, rng.standard_normal((1, 2, 32)).astype(np.float32), v, 0, 0.2)
-    want = ops._f16_round(v)[0, [0, 0, 1, 1]].reshape(-1)  # heads 0,1 read KV head 0; 2,3 read 1
+    out = attention.causal_attention(q, rng.standard_normal((1, 2, 32)).astype(np.float32), v, 0, 0.2)
+    want = attention.f16_round(v)[0, [0, 0, 1, 1]].reshape(-1)  # heads 0,1 read KV head 0; 2,3 read 1
     np.testing.assert_array_equal(out[0], want)
 
 
 def test_causal_mask_and_head_grouping_against_a_plain_loop():
     n, H, KV, D = 7, 6, 2, 16
     q, k, v = (rng.standard_normal((n, h, D)).astype(np.float32) for h in (H, KV, KV))
-    out = ops.causal_attention(q, k, v, 0, 0.25).reshape(n, H, D)
-    q16, k16, v16 = (ops._f16_round(a).astype(np.float64) for a in (q, k, v))
+    out = attention.causal_attention(q, k, v, 0, 0.25).reshape(n, H, D)
+    q16, k16, v16 = (attention.f16_round(a).astype(np.float64) for a in (q, k, v))
     for i in range(n):
         for h in range(H):
             kv = h // (H // KV)
@@ -66,10 +66,10 @@ def test_causal_mask_and_head_grouping_against_a_plain_loop():
 
 def test_future_keys_do_not_leak():
     q, k, v = (rng.standard_normal((5, 2, 32)).astype(np.float32) for _ in range(3))
-    a = ops.causal_attention(q, k, v, 0, 0.2)
+    a = attention.causal_attention(q, k, v, 0, 0.2)
     k2, v2 = k.copy(), v.copy()
     k2[3:], v2[3:] = 99.0, -99.0
-    b = ops.causal_attention(q, k2, v2, 0, 0.2)
+    b = attention.causal_attention(q, k2, v2, 0, 0.2)
     np.testing.assert_array_equal(a[:3], b[:3])
 
 
@@ -79,9 +79,9 @@ def test_decode_kernel_equals_prefill_attention(cache_type, atol):
     q, k, v = (rng.standard_normal((n, h, D)).astype(np.float32) for h in (H, KV, KV))
     cache = KvCache(1, KV, D, 32, cache_type)
     cache.append_layer(0, k, v)
-    keys, values = cache.layer_kv(0, n)
-    full = ops.causal_attention(q, keys, values, 0, 0.125)
-    rows = np.stack([ops.decode_attention(q[i], cache, 0, i + 1, 0.125) for i in range(n)])
+    keys, values = cache.read(0, n)
+    full = attention.causal_attention(q, keys, values, 0, 0.125)
+    rows = np.stack([attention.decode_attention(q[i], cache.layer_view(0, i + 1), 0.125) for i in range(n)])
     np.testing.assert_allclose(rows, full, atol=atol)
 
 
