@@ -26,6 +26,7 @@ import base64
 import os
 from pathlib import Path
 
+from .chat import CHATML
 from .tokenizer import TokenType, map_bytes
 
 VOCAB_FILENAME = "qwen3-vocab-only.gguf"
@@ -48,13 +49,9 @@ QWEN3_SPECIALS = [
     ("<think>", TokenType.USER_DEFINED), ("</think>", TokenType.USER_DEFINED),
 ]
 
-# ChatML, the conversation format of every Qwen instruct model.
-CHATML_TEMPLATE = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+# ChatML, the conversation format of every Qwen instruct model: one constant, the
+# chat module's (the fallback for files without a template).
+CHATML_TEMPLATE = CHATML
 
 
 def read_tiktoken(path: str | os.PathLike) -> list[bytes]:
