@@ -1,8 +1,10 @@
 """The `fucina` command.
 
-Every subcommand takes a MODEL: a GGUF path or a named model (see `fucina models list`).  Errors the
-user can cause are `FucinaError`s; they are printed as one line (`fucina: error: ...`) with exit
-code 1, never as a traceback.  Usage errors exit with 2 (argparse's convention).
+Every subcommand takes a MODEL: a GGUF path or a named model (see `fucina models
+list`); `chat` and `repl` default to $FUCINA_MODEL, else the default named model.
+Errors the user can cause are `FucinaError`s; they are printed as one line
+(`fucina: error: ...`) with exit code 1, never as a traceback.  Usage errors exit
+with 2 (argparse's convention).
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from .errors import FucinaError
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="GGUF path or named model (see `fucina models list`)")
+    p.add_argument("model", metavar="MODEL",
+                   help="GGUF path or named model (see `fucina models list`)")
 
 
 def _open(model: str):
@@ -26,46 +29,56 @@ def _open(model: str):
     return GGUFFile(resolve(model))
 
 
-# --- info -------------------------------------------------------------------------------------------
+# --- info -------------------------------------------------------------------------
 
 def cmd_info(args) -> int:
     from .config import Config
     from .tokenizer import Tokenizer
 
     g = _open(args.model)
-    out = [f"file: {g.path} ({g.size / 2**20:,.1f} MiB)", f"name: {g.get_str('general.name', '?')}"]
+    out = [f"file: {g.path} ({g.size / 2**20:,.1f} MiB)",
+           f"name: {g.get_str('general.name', '?')}"]
     cfg = Config.from_gguf(g)
     out.append(f"architecture: {cfg.arch}")
     for k, v in cfg.as_dict().items():
-        if k != "arch" and not (k.startswith(("num_experts", "moe_", "norm_topk")) and not cfg.num_experts):
+        moe_key = k.startswith(("num_experts", "moe_", "norm_topk"))
+        if k != "arch" and not (moe_key and not cfg.num_experts):
             out.append(f"  {k}: {v}")
     if g.has("tokenizer.ggml.tokens"):
         tok = Tokenizer.from_gguf(g)
-        out.append(f"tokenizer: byte-level BPE ({g.get_str('tokenizer.ggml.model', '?')}), "
-                   f"pre={tok.pre_name!r}{' (NOT implemented: qwen2 rules used)' if tok.pre_mismatch else ''}, "
-                   f"{tok.vocab_size:,} tokens, {len(tok.merges):,} merges, {len(tok.special_markers)} markers")
-        out.append(f"  bos={tok.bos_id} eos={tok.eos_id} add_bos={tok.add_bos} add_eos={tok.add_eos} "
+        missing = " (NOT implemented: qwen2 rules used)" if tok.pre_mismatch else ""
+        kind = g.get_str("tokenizer.ggml.model", "?")
+        out.append(f"tokenizer: byte-level BPE ({kind}), "
+                   f"pre={tok.pre_name!r}{missing}, {tok.vocab_size:,} tokens, "
+                   f"{len(tok.merges):,} merges, {len(tok.special_markers)} markers")
+        out.append(f"  bos={tok.bos_id} eos={tok.eos_id} add_bos={tok.add_bos} "
+                   f"add_eos={tok.add_eos} "
                    f"chat_template={'yes' if tok.chat_template else 'no'}")
     else:
         out.append("tokenizer: none (no tokenizer.* metadata)")
     if g.tensors:
         total = sum(t.n_bytes for t in g.tensors.values())
         params = sum(t.n_elements for t in g.tensors.values())
-        out.append(f"tensors: {len(g.tensors)}, {params / 1e6:,.1f} M parameters, {total / 2**20:,.1f} MiB")
+        out.append(f"tensors: {len(g.tensors)}, {params / 1e6:,.1f} M parameters, "
+                   f"{total / 2**20:,.1f} MiB")
         for name, (count, nbytes) in g.format_summary().items():
             out.append(f"  {name:>5}: {count:4d} tensors {nbytes / 2**20:10,.1f} MiB")
-        out.append(f"  tied embeddings: {'yes' if 'output.weight' not in g.tensors else 'no'}")
+        tied = "yes" if "output.weight" not in g.tensors else "no"
+        out.append(f"  tied embeddings: {tied}")
     else:
         out.append("tensors: none (vocab-only file)")
     f16, q8 = cfg.kv_bytes_per_position("f16"), cfg.kv_bytes_per_position("q8_0")
+    q8_text = (f", {q8:,} bytes q8_0" if cfg.head_dim % 32 == 0
+               else ", q8_0 n/a (head_dim % 32 != 0)")
     out.append(f"kv cache per position: {f16:,} bytes f16 ({f16 / 1024:.1f} KiB)"
-               + (f", {q8:,} bytes q8_0" if cfg.head_dim % 32 == 0 else ", q8_0 n/a (head_dim % 32 != 0)"))
-    out.append(f"  at context {cfg.context_length:,}: {f16 * cfg.context_length / 2**20:,.0f} MiB f16")
+               + q8_text)
+    out.append(f"  at context {cfg.context_length:,}: "
+               f"{f16 * cfg.context_length / 2**20:,.0f} MiB f16")
     print("\n".join(out))
     return 0
 
 
-# --- tokenize ---------------------------------------------------------------------------------------
+# --- tokenize ---------------------------------------------------------------------
 
 def cmd_tokenize(args) -> int:
     from .tokenizer import Tokenizer
@@ -84,7 +97,7 @@ def cmd_tokenize(args) -> int:
     return 0
 
 
-# --- generation, logits, cache verification, benchmark ------------------------------------------------
+# --- generation, logits, cache verification, benchmark ----------------------------
 
 def _load_model(args):
     from .catalog import load_model
@@ -97,7 +110,8 @@ def _prompt_ids(model, args) -> list[int]:
         try:
             return [int(x) for x in args.ids.split(",") if x.strip()]
         except ValueError:
-            raise FucinaError(f"--ids must be comma-separated integers, got {args.ids!r}") from None
+            raise FucinaError(f"--ids must be comma-separated integers, "
+                              f"got {args.ids!r}") from None
     if model.tokenizer is None:
         raise FucinaError(f"{model.path}: no tokenizer in the file; pass --ids")
     text = args.prompt
@@ -109,7 +123,7 @@ def _prompt_ids(model, args) -> list[int]:
 
 
 def _cache_for(model, n_tokens: int, cache_type: str):
-    """A cache for n_tokens positions; an input longer than the model's context is an error."""
+    """A cache for n_tokens positions; more than the model's context is an error."""
     from .errors import KvCacheOverflow
 
     if n_tokens > model.config.context_length:
@@ -130,10 +144,12 @@ def cmd_generate(args) -> int:
             sys.stdout.write(stream.push(tok))
             sys.stdout.flush()
 
-    cache = _cache_for(model, min(model.config.context_length, len(ids) + args.gen), args.cache_type)
+    n = min(model.config.context_length, len(ids) + args.gen)
+    cache = _cache_for(model, n, args.cache_type)
     if cache.capacity <= len(ids):
-        raise FucinaError(f"the prompt ({len(ids)} tokens) leaves no room to generate in the model's "
-                          f"context of {model.config.context_length} positions")
+        raise FucinaError(f"the prompt ({len(ids)} tokens) leaves no room to generate "
+                          f"in the model's context of {model.config.context_length} "
+                          "positions")
     out = model.generate(ids, args.gen, cache=cache, on_token=show,
                          stop_ids=None if not args.ignore_eos else set())
     if stream is not None:
@@ -151,7 +167,10 @@ def cmd_logits(args) -> int:
     model = _load_model(args)
     ids = _prompt_ids(model, args)
     cache = _cache_for(model, len(ids), args.cache_type)
-    logits = model.forward_step_all_logits(ids, 0, cache) if args.all else model.forward_step(ids, 0, cache)
+    if args.all:
+        logits = model.forward_step_all_logits(ids, 0, cache)
+    else:
+        logits = model.forward_step(ids, 0, cache)
     logits = logits.astype(np.float32)
     if args.out:
         np.save(args.out, logits)
@@ -162,18 +181,23 @@ def cmd_logits(args) -> int:
             raise FucinaError(f"{path}: no such file")
         ref = np.load(path)
         if ref.shape != logits.shape:
-            raise FucinaError(f"{path}: shape {list(ref.shape)} does not match ours {list(logits.shape)}")
+            raise FucinaError(f"{path}: shape {list(ref.shape)} does not match ours "
+                              f"{list(logits.shape)}")
         diff = np.abs(logits - ref)
-        rel = float(diff.max() / max(float(np.abs(ref).max()), 1e-30))
+        worst = float(diff.max())
+        rel = float(worst / max(float(np.abs(ref).max()), 1e-30))
         span = float(ref.max() - ref.min())
-        print(f"max |diff| = {float(diff.max()):.6g}  (max rel {rel:.3g}, {float(diff.max()) / span:.3g} of the logit range)")
+        print(f"max |diff| = {worst:.6g}  (max rel {rel:.3g}, "
+              f"{worst / span:.3g} of the logit range)")
         last_ours, last_ref = np.atleast_2d(logits)[-1], np.atleast_2d(ref)[-1]
-        print("top-5 ours:", np.argsort(-last_ours)[:5].tolist(), " theirs:", np.argsort(-last_ref)[:5].tolist())
-        same = np.array_equal(np.atleast_2d(logits).argmax(-1), np.atleast_2d(ref).argmax(-1))
+        print("top-5 ours:", np.argsort(-last_ours)[:5].tolist(),
+              " theirs:", np.argsort(-last_ref)[:5].tolist())
+        same = np.array_equal(np.atleast_2d(logits).argmax(-1),
+                              np.atleast_2d(ref).argmax(-1))
         print(f"argmax identical at every position: {same}")
-        if float(diff.max()) > args.tol or not same:
-            print(f"fucina: error: logits differ by more than --tol {args.tol}" if same else
-                  "fucina: error: argmax differs", file=sys.stderr)
+        if worst > args.tol or not same:
+            print(f"fucina: error: logits differ by more than --tol {args.tol}"
+                  if same else "fucina: error: argmax differs", file=sys.stderr)
             return 1
     return 0
 
@@ -213,25 +237,174 @@ def cmd_bench(args) -> int:
     try:
         pp = [int(x) for x in args.pp.split(",") if x.strip()] if args.pp else []
     except ValueError:
-        raise FucinaError(f"--pp must be comma-separated integers, got {args.pp!r}") from None
+        raise FucinaError(f"--pp must be comma-separated integers, "
+                          f"got {args.pp!r}") from None
     model = _load_model(args)
     quiet = args.json
-    result = bench.run(model, pp=pp, tg=args.tg, cache_type=args.cache_type, repeats=args.repeats,
-                       streams=args.streams, threads=args.threads or os.cpu_count(),
-                       progress=None if quiet else (lambda m: print(f"  {m}", file=sys.stderr)))
+
+    def progress(message):
+        print(f"  {message}", file=sys.stderr)
+
+    result = bench.run(model, pp=pp, tg=args.tg, cache_type=args.cache_type,
+                       repeats=args.repeats, streams=args.streams,
+                       threads=args.threads or os.cpu_count(),
+                       progress=None if quiet else progress)
     if args.json:
         print(json.dumps(result))
         return 0
-    print(f"{result['model']}  threads={result['threads']}  cache={result['cache_type']}")
+    print(f"{result['model']}  threads={result['threads']}  "
+          f"cache={result['cache_type']}")
     for row in result["prefill"]:
         print(f"  prefill pp{row['tokens']:<5d} {row['tok_s']:10.1f} tok/s")
     if "decode" in result:
         d = result["decode"]
-        print(f"  decode  tg{d['tokens']:<5d} {d['tok_s']:10.1f} tok/s" + (f" ({d['streams']} streams)" if d["streams"] > 1 else ""))
+        streams = f" ({d['streams']} streams)" if d["streams"] > 1 else ""
+        print(f"  decode  tg{d['tokens']:<5d} {d['tok_s']:10.1f} tok/s{streams}")
     return 0
 
 
-# --- models -----------------------------------------------------------------------------------------
+# --- chat and repl ------------------------------------------------------------------
+
+# (flag, SamplerConfig field): the sampling flags of `chat` and `repl`.
+_SAMPLING_FLAGS = (
+    ("--temp", "temperature", float, "temperature; <= 0 is greedy (default 0.6, or "
+     "0.7 without thinking)"),
+    ("--top-k", "top_k", int, "keep the k most likely tokens; 0: off (default 20)"),
+    ("--top-p", "top_p", float, "nucleus: smallest set reaching probability p, in "
+     "(0, 1] (default 0.95, or 0.8 without thinking)"),
+    ("--min-p", "min_p", float, "drop tokens below p x the best one's probability "
+     "(default 0)"),
+    ("--repeat-penalty", "repeat_penalty", float, "penalize recent tokens; 1: off "
+     "(default 1)"),
+    ("--repeat-last-n", "repeat_last_n", int, "tokens the penalties look back at; "
+     "-1: all (default 64)"),
+    ("--presence-penalty", "presence_penalty", float, "subtract from recent tokens "
+     "(default 0)"),
+    ("--frequency-penalty", "frequency_penalty", float, "subtract per recent "
+     "occurrence (default 0)"),
+    ("--seed", "seed", int, "random seed, 0 .. 2^32-1 (default: a fresh one)"),
+)
+
+
+def _sampling_changes(args) -> dict:
+    return {field: getattr(args, field) for _, field, _, _ in _SAMPLING_FLAGS
+            if getattr(args, field) is not None}
+
+
+def _check_chat_args(args) -> None:
+    """Every mistake a flag can hold, found before a model is loaded."""
+    from .sampler import SamplerConfig
+
+    SamplerConfig.qwen3().with_(**_sampling_changes(args))   # raises on a bad value
+    if args.max_tokens is not None and args.max_tokens < 1:
+        raise FucinaError(f"--max-tokens must be at least 1, got {args.max_tokens}")
+    if args.ctx is not None and args.ctx < 2:
+        raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
+
+
+def _conversation(args):
+    """Load the model and open a conversation as the flags say."""
+    from .catalog import load_model
+    from .chat import ChatFormat, Conversation
+    from .sampler import SamplerConfig
+
+    model = load_model(args.model, threads=args.threads)
+    if model.tokenizer is None:
+        raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot chat")
+    thinking = ChatFormat(model.tokenizer).can_think and not args.no_think
+    config = SamplerConfig.qwen3(thinking=thinking).with_(**_sampling_changes(args))
+    ctx = args.ctx or min(model.config.context_length, 4096)
+    if ctx > model.config.context_length:
+        raise FucinaError(f"--ctx {ctx} exceeds the model's context of "
+                          f"{model.config.context_length} positions")
+    return Conversation(model, system=args.system, sampler=config, capacity=ctx,
+                        cache_type=args.cache_type, max_response_tokens=args.max_tokens,
+                        no_think=args.no_think, show_think=args.show_think,
+                        stop=args.stop or ())
+
+
+def cmd_chat(args) -> int:
+    words = args.words
+    if len(words) > 2:
+        raise FucinaError("give the question as one quoted argument: "
+                          "fucina chat [MODEL] \"QUESTION\"")
+    args.model, question = (None, words[0]) if len(words) == 1 else words
+    if question == "-":
+        question = sys.stdin.read()
+    if not question.strip():
+        raise FucinaError("the question is empty")
+    _check_chat_args(args)
+    conv = _conversation(args)
+    try:
+        reply = conv.send(question, stream=sys.stdout)
+    except KeyboardInterrupt:
+        print(flush=True)
+        raise
+    print(flush=True)
+    if args.stats:
+        print(reply.stats() + f" [seed {conv.sampler.seed}]", file=sys.stderr)
+    return 0
+
+
+REPL_HELP = """\
+Type a message and press Enter.  Commands:
+  /reset          forget the conversation (keeps the system prompt)
+  /system [TEXT]  set (or clear) the system prompt, and start over
+  /exit           leave (so does Ctrl-D); Ctrl-C stops an answer"""
+
+
+def cmd_repl(args) -> int:
+    _check_chat_args(args)
+    print(f"fucina: loading {args.model or 'the default model'} ...", file=sys.stderr)
+    conv = _conversation(args)
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:  # pragma: no cover - Windows
+        pass
+    print(f"{conv.model.path.name}: context {conv.cache.capacity} tokens, "
+          f"seed {conv.sampler.seed}.  /help for commands, Ctrl-D to leave.",
+          file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:  # at the prompt: a fresh prompt, as in Python
+            print()
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            command, _, rest = line.partition(" ")
+            if command in ("/exit", "/quit"):
+                return 0
+            if command == "/reset":
+                conv.reset()
+                print("(conversation cleared)")
+            elif command == "/system":
+                conv.reset(system=rest.strip() or None)
+                print("(system prompt " + ("set" if rest.strip() else "cleared")
+                      + "; conversation cleared)")
+            elif command == "/help":
+                print(REPL_HELP)
+            else:
+                print(f"unknown command {command!r}; /help lists them")
+            continue
+        try:
+            reply = conv.send(line, stream=sys.stdout)
+        except KeyboardInterrupt:
+            print("\n(interrupted)", flush=True)
+            continue
+        except FucinaError as e:  # the conversation is still usable
+            print(f"fucina: error: {e}", file=sys.stderr, flush=True)
+            continue
+        print(flush=True)
+        print(reply.stats(), file=sys.stderr, flush=True)
+
+
+# --- models -----------------------------------------------------------------------
 
 def cmd_models(args) -> int:
     from . import catalog
@@ -241,69 +414,127 @@ def cmd_models(args) -> int:
         for name, path, info in catalog.list_cached():
             state = str(path) if path else "not downloaded"
             default = " (default)" if name == catalog.DEFAULT_MODEL else ""
-            print(f"{name}{default}: {info.description}\n    {info.size / 1e6:,.0f} MB, {state}")
+            print(f"{name}{default}: {info.description}\n"
+                  f"    {info.size / 1e6:,.0f} MB, {state}")
         return 0
     print(catalog.fetch(args.name))
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fucina", description="A Qwen3 inference engine built from scratch.")
+    parser = argparse.ArgumentParser(
+        prog="fucina", description="A Qwen3 inference engine built from scratch.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("info", help="print a model's config, tokenizer, tensor formats and KV-cache size")
+    p = sub.add_parser("info", help="print a model's config, tokenizer, tensor "
+                       "formats and KV-cache size")
     _add_model(p)
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("tokenize", help="print the token ids of a file, one per line (loads no weights)")
+    p = sub.add_parser("tokenize", help="print the token ids of a file, one per line "
+                       "(loads no weights)")
     _add_model(p)
     p.add_argument("file", metavar="FILE", help="text file to tokenize ('-' for stdin)")
     p.add_argument("--raw", action="store_true", help="no BOS/EOS (encode_raw)")
-    p.add_argument("--no-special", action="store_true", help="treat control markers such as <|im_end|> as text")
+    p.add_argument("--no-special", action="store_true",
+                   help="treat control markers such as <|im_end|> as text")
     p.set_defaults(func=cmd_tokenize)
 
     def engine_opts(p):
         _add_model(p)
-        p.add_argument("--threads", type=int, default=None, help="worker threads (default: all cores)")
-        p.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16", help="KV cache storage")
+        p.add_argument("--threads", type=int, default=None,
+                       help="worker threads (default: all cores)")
+        p.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16",
+                       help="KV cache storage")
 
     def input_opts(p):
-        p.add_argument("--prompt", help="input text (encoded with the model's BOS policy)")
+        p.add_argument("--prompt",
+                       help="input text (encoded with the model's BOS policy)")
         p.add_argument("--ids", help="input token ids, comma-separated")
-        p.add_argument("--chat", action="store_true", help="wrap --prompt as one user turn of the chat template")
+        p.add_argument("--chat", action="store_true",
+                       help="wrap --prompt as one user turn of the chat template")
 
     p = sub.add_parser("generate", help="greedy generation from a prompt")
     engine_opts(p)
     input_opts(p)
-    p.add_argument("--gen", type=int, default=64, help="tokens to generate (default 64)")
-    p.add_argument("--ids-out", help="also write the generated ids to this file, one per line")
-    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-turn tokens")
+    p.add_argument("--gen", type=int, default=64,
+                   help="tokens to generate (default 64)")
+    p.add_argument("--ids-out",
+                   help="also write the generated ids to this file, one per line")
+    p.add_argument("--ignore-eos", action="store_true",
+                   help="do not stop at end-of-turn tokens")
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("logits", help="write (and compare) float32 logits")
     engine_opts(p)
     input_opts(p)
-    p.add_argument("--out", help="write logits to this .npy file ([vocab], or [n, vocab] with --all)")
-    p.add_argument("--all", action="store_true", help="logits of every position, not only the last")
+    p.add_argument("--out", help="write logits to this .npy file "
+                   "([vocab], or [n, vocab] with --all)")
+    p.add_argument("--all", action="store_true",
+                   help="logits of every position, not only the last")
     p.add_argument("--compare", help="a .npy of reference logits to compare against")
-    p.add_argument("--tol", type=float, default=1e-2, help="max |diff| allowed by --compare (default 0.01)")
+    p.add_argument("--tol", type=float, default=1e-2,
+                   help="max |diff| allowed by --compare (default 0.01)")
     p.set_defaults(func=cmd_logits)
 
-    p = sub.add_parser("verify-cache", help="check cached decode against the cacheless forward, step by step")
+    p = sub.add_parser("verify-cache", help="check cached decode against the "
+                       "cacheless forward, step by step")
     engine_opts(p)
     input_opts(p)
     p.add_argument("--steps", type=int, default=16)
-    p.add_argument("--tol", type=float, default=5e-2, help="max |diff| allowed (default 0.05)")
+    p.add_argument("--tol", type=float, default=5e-2,
+                   help="max |diff| allowed (default 0.05)")
     p.set_defaults(func=cmd_verify_cache, prompt="The capital of France is")
 
     p = sub.add_parser("bench", help="warm prefill and decode tokens/s")
     engine_opts(p)
-    p.add_argument("--pp", default="16,64,256", help="prefill lengths (default 16,64,256)")
-    p.add_argument("--tg", type=int, default=128, help="decode length (default 128; 0 to skip)")
-    p.add_argument("--streams", type=int, default=1, help="decode N streams in lockstep")
-    p.add_argument("--repeats", type=int, default=3, help="median of R runs (default 3)")
+    p.add_argument("--pp", default="16,64,256",
+                   help="prefill lengths (default 16,64,256)")
+    p.add_argument("--tg", type=int, default=128,
+                   help="decode length (default 128; 0 to skip)")
+    p.add_argument("--streams", type=int, default=1,
+                   help="decode N streams in lockstep")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="median of R runs (default 3)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_bench)
+
+    def chat_opts(p):
+        p.add_argument("--system", help="system prompt")
+        p.add_argument("--no-think", action="store_true",
+                       help="Qwen3: answer without a <think> block")
+        p.add_argument("--show-think", action="store_true",
+                       help="print the <think> block (hidden by default)")
+        p.add_argument("--max-tokens", type=int, help="at most N tokens per answer "
+                       "(default: until the end marker or a full context)")
+        p.add_argument("--ctx", type=int, help="context positions for the whole "
+                       "conversation (default: the model's, at most 4096)")
+        p.add_argument("--stop", action="append", metavar="TEXT",
+                       help="also stop at TEXT (repeatable)")
+        p.add_argument("--threads", type=int, default=None,
+                       help="worker threads (default: all cores)")
+        p.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16",
+                       help="KV cache storage")
+        g = p.add_argument_group("sampling (defaults: the Qwen3 model card's)")
+        for flag, field, kind, text in _SAMPLING_FLAGS:
+            g.add_argument(flag, dest=field, type=kind, default=None, help=text)
+
+    p = sub.add_parser("chat", help="ask one question; the answer streams as it is "
+                       "generated", usage="fucina chat [MODEL] QUESTION [options]")
+    p.add_argument("words", nargs="+", metavar="[MODEL] QUESTION",
+                   help="GGUF path or named model (default: $FUCINA_MODEL, else "
+                   "qwen2.5-coder-0.5b), then the question ('-': stdin)")
+    chat_opts(p)
+    p.add_argument("--stats", action="store_true",
+                   help="print tokens/s and the seed on stderr")
+    p.set_defaults(func=cmd_chat)
+
+    p = sub.add_parser("repl", help="a multi-turn conversation in the terminal")
+    p.add_argument("model", metavar="MODEL", nargs="?", default=None,
+                   help="GGUF path or named model (default: $FUCINA_MODEL, else "
+                   "qwen2.5-coder-0.5b)")
+    chat_opts(p)
+    p.set_defaults(func=cmd_repl)
 
     p = sub.add_parser("models", help="list or fetch the named models")
     msub = p.add_subparsers(dest="action", required=True)
@@ -321,8 +552,10 @@ def main(argv: list[str] | None = None) -> int:
         if threads < 1:
             print("fucina: error: --threads must be at least 1", file=sys.stderr)
             return 2
-        # BLAS and numba size their thread pools when first imported: set them before any import.
-        os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
+        # BLAS and numba size their thread pools when first imported: set them
+        # before any import.
+        os.environ["OPENBLAS_NUM_THREADS"] = str(threads)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
     try:
         return args.func(args)
     except FucinaError as e:
