@@ -62,4 +62,40 @@ def test_token_pieces_html_marks_split_characters():
     tok = Tokenizer.from_parts([map_bytes(bytes([b])) for b in range(256)], [])
     html = token_pieces_html(tok, "a é")
     assert html.count('title="id ') == 4  # 'a', ' ', and the two bytes of 'é'
-    assert piece_label(b"\xc3") == "\u27e8c3\u27e9" and piece_label(b" a\n") == "\u00b7a\u21b5\n"
+    assert piece_label(b"\xc3") == "\u27e8c3\u27e9" and piece_label(b" a\n") == "\u00b7a\u21b5"
+
+
+def test_piece_label_shows_invisible_characters():
+    from fucina_course.widgets import piece_label
+
+    assert piece_label("\ufe0f".encode()) == "\u2039VS16\u203a"  # variation selector
+    assert piece_label("a\u200db".encode()) == "a\u2039ZWJ\u203ab"
+    assert piece_label(b"\x00") == "\u2039U+0000\u203a"
+    assert piece_label("\u0301".encode()) == "\u25cc\u0301"  # lone combining accent
+    assert piece_label("e\u0301".encode()) == "e\u0301"  # ... combines as usual
+    assert "\n" not in piece_label(b".\n\n")  # one line, so every box has one height
+
+
+def test_saved_caption_hides_the_saved_line_outside_the_book():
+    from fucina_course.widgets import saved_caption
+
+    html = saved_caption(live="LIVE", saved="SAVED")
+    assert 'class="fucina-widget-caption fucina-live-only">LIVE' in html
+    assert 'fucina-saved-only" style="display:none">SAVED' in html
+    css = (ROOT / "book" / "_static" / "fucina.css").read_text(encoding="utf-8")
+    assert ".fucina-saved-only { display: block !important; }" in css
+    assert ".fucina-live-only { display: none !important; }" in css
+
+
+def test_print_items_wraps_between_items(capsys):
+    from fucina_course.viz import print_items, text_width
+
+    items = [f"'item{k}'" for k in range(40)]
+    print_items(items, sep=" | ", indent="  ", width=40)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 1 and all(text_width(line) <= 40 for line in lines)
+    assert all(line.startswith("  '") for line in lines)
+    joined = " ".join(line.strip() for line in lines).replace(" |", "").split()
+    assert joined == items  # nothing lost, nothing split inside an item
+    print_items(["日本語"] * 30, width=20)
+    assert all(text_width(line) <= 20 for line in capsys.readouterr().out.splitlines())
