@@ -3,8 +3,11 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# The browser check of the built book (scripts/check_book.py) runs when this exists.
+# Debian: apt-get install chromium chromium-driver
+CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: book test install dev models clean
+.PHONY: book test install dev models check-book clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,13 +27,27 @@ models: $(VENV)/.installed
 	$(PY) -m fucina_course models fetch qwen2.5-coder-0.5b
 	$(PY) -m fucina_course models fetch smollm2-135m
 
+# --all: re-read (and so re-execute) every chapter even if its .md did not change, because
+# the engine it runs may have.
 book: install models
-	$(VENV)/bin/jupyter-book build . -W
+	$(VENV)/bin/jupyter-book build --all . -W
 
 test: dev models
 	FUCINA_REQUIRE_LLAMA=1 $(PY) -m pytest -q tests
 	$(PY) -m pytest -q --nbval-lax --nbval-current-env book/chapters
-	$(VENV)/bin/jupyter-book build . -W
+	$(VENV)/bin/jupyter-book build --all . -W
+	@if [ -x "$(CHROMIUM)" ]; then \
+		$(PY) scripts/check_book.py --chromium "$(CHROMIUM)"; \
+	else \
+		echo "NOTE: no Chromium at $(CHROMIUM): the browser check of the book is skipped" \
+		     "(Debian: apt-get install chromium chromium-driver)"; \
+	fi
+
+# For chapter authors: build, check every page in Chromium, and keep full-page screenshots
+# at 1,400 and 400 px in _build/screenshots/ to look at.
+check-book: dev models
+	$(VENV)/bin/jupyter-book build --all . -W
+	$(PY) scripts/check_book.py --chromium "$(CHROMIUM)" --screenshots _build/screenshots
 
 clean:
 	rm -rf _build .pytest_cache

@@ -55,6 +55,15 @@ def print_items(items: Iterable[str], *, sep: str = " ", indent: str = "",
     print(indent + line)
 
 
+def axes(height: float = 3.0, width: float = FIG_WIDTH):
+    """A fresh Axes in the book's figure style, for a chapter's own plot.
+
+    `width` and `height` are in inches; keep `width` at most `FIG_WIDTH` so the figure
+    stays legible at phone width.
+    """
+    return _axes(figsize=(min(width, FIG_WIDTH), height))
+
+
 def _axes(ax=None, figsize=(FIG_WIDTH, 3.0)):
     import matplotlib.pyplot as plt
 
