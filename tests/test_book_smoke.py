@@ -99,3 +99,9 @@ def test_print_items_wraps_between_items(capsys):
     assert joined == items  # nothing lost, nothing split inside an item
     print_items(["日本語"] * 30, width=20)
     assert all(text_width(line) <= 20 for line in capsys.readouterr().out.splitlines())
+
+
+def test_toc_lists_chapters_in_their_numbered_order():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    chapters = [f for f in _toc_files(toc) if f.startswith("book/chapters/")]
+    assert chapters == sorted(chapters), "_toc.yml lists the chapters in NN_ order"
