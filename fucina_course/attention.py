@@ -18,7 +18,10 @@ Two kernels compute the same thing for the two shapes of a step:
   a 50-position f16 cache took ~0.4 ms per layer (11 ms of a 69 ms Qwen3-0.6B step); the
   kernel takes ~25 us.
 
-`attend` routes a step's rows to them, one sequence (`Segment`) at a time.
+`attend` routes a step's rows to them, one sequence (`Segment`) at a time.  With
+`per_row=True` it runs the decode kernel once per query row, whatever the step's shape:
+every row is then computed exactly as a one-token decode step computes it, bit for bit --
+the like-for-like comparison of the cache oracle (model.py, `forward_all_logits`).
 
 Rounding follows llama.cpp without flash attention (llama-cpp-python's default): K and V live
 in a float16 cache, and ggml multiplies an f16 matrix by first rounding the other operand to
@@ -43,19 +46,20 @@ class Segment:
     """Rows `start:stop` of a step are one sequence: its first position and its KV cache.
 
     A prefill or decode step is one segment; a batch decode of N streams is N segments of one
-    row each; the cacheless oracle is one segment with `cache=None`."""
+    row each."""
 
     start: int
     stop: int
     pos0: int
-    cache: KvCache | None
+    cache: KvCache
 
     @property
     def rows(self) -> slice:
         return slice(self.start, self.stop)
 
 
-def attend(q, k, v, segments: list[Segment], layer: int, scale: float) -> np.ndarray:
+def attend(q, k, v, segments: list[Segment], layer: int, scale: float,
+           per_row: bool = False) -> np.ndarray:
     """The attention of one layer for a whole step: `[n, n_heads * head_dim]`.
 
     q `[n, n_heads, d]`, k and v `[n, n_kv, d]` are the step's new rows (k after RoPE).  Each
@@ -65,17 +69,16 @@ def attend(q, k, v, segments: list[Segment], layer: int, scale: float) -> np.nda
     n, n_heads, d = q.shape
     out = np.empty((n, n_heads * d), dtype=np.float32)                     # [n, H*D]
     for s in segments:
-        r = s.rows
-        if s.cache is None:  # the cacheless oracle: the step is the whole sequence
-            out[r] = causal_attention(q[r], k[r], v[r], s.pos0, scale)
-            continue
-        s.cache.append_layer(layer, k[r], v[r])
-        seen = s.pos0 + s.stop - s.start                                   # positions 0..seen-1
-        if s.stop - s.start == 1:
-            out[s.start] = decode_attention(q[s.start], s.cache.layer_view(layer, seen), scale)
-        else:
-            keys, values = s.cache.read(layer, seen)                       # [seen, KVH, D]
-            out[r] = causal_attention(q[r], keys, values, s.pos0, scale)
+        rows = s.stop - s.start
+        s.cache.append_layer(layer, k[s.rows], v[s.rows])
+        if rows == 1 or per_row:  # one query per kernel call, reading the cache in place
+            view = s.cache.layer_view(layer, s.pos0 + rows)
+            for i in range(rows):
+                seen = view._replace(length=s.pos0 + i + 1)                # keys 0..pos
+                out[s.start + i] = decode_attention(q[s.start + i], seen, scale)
+        else:  # all queries at once
+            keys, values = s.cache.read(layer, s.pos0 + rows)              # [seen, KVH, D]
+            out[s.rows] = causal_attention(q[s.rows], keys, values, s.pos0, scale)
     return out
 
 

@@ -19,8 +19,16 @@ caches they read and write, and which logits they return:
 |---------------------------|-------------------------------|----------------|--------------------|
 | `forward_step`            | n tokens at pos0              | one, len==pos0 | last logits        |
 | `forward_step_all_logits` | n tokens at pos0              | one            | logits of all n    |
-| `forward_last_logits`     | a whole sequence              | none (oracle)  | last logits        |
+| `forward_last_logits`     | a whole sequence              | scratch        | last logits        |
+| `forward_all_logits`      | a whole sequence              | scratch        | logits of all n    |
 | `forward_step_batch`      | one token per stream, N       | N caches       | `[N, vocab]`       |
+
+`per_row=True` computes every row exactly as a one-token decode step would (the decode
+kernels, one row at a time): slower for long prompts, but bit-identical to decode.  That is
+the cache oracle's like-for-like comparison (`fucina verify-cache`): with it, cached and
+uncached logits differ only by the cache's own rounding.  Without it, prefill takes the
+fastest kernels for its shape and differs from decode in the last bits, which quantized
+activations amplify (llama.cpp's prefill and decode differ the same way).
 
 Where the time goes (bench/profile_step.py; tables in docs/BENCHMARKS.md): a decode step is
 ~90% matrix x vector products that stream every weight byte once (Qwen3-0.6B geometry, Q8_0:
@@ -68,7 +76,12 @@ class Step:
     segments: list[Segment]        # which rows are which sequence, with its cache
     cos: np.ndarray                # [n, head_dim/2] RoPE angles of each row's position
     sin: np.ndarray                # [n, head_dim/2]
-    path: str = "auto"             # how matrices meet several rows (weights.py)
+    per_row: bool = False          # compute each row exactly as a decode step would
+
+    @property
+    def path(self) -> str:
+        """How matrices meet several rows: the decode kernels' numerics, or the fastest."""
+        return "rows" if self.per_row else "auto"
 
 
 def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
@@ -82,7 +95,7 @@ def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index:
         k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)                   # [n, KVH, D]
     q = apply_rope(q, step.cos, step.sin, cfg.rope_style)                 # values: no RoPE
     k = apply_rope(k, step.cos, step.sin, cfg.rope_style)
-    out = attend(q, k, v, step.segments, index, 1.0 / np.sqrt(D))        # [n, H*D]
+    out = attend(q, k, v, step.segments, index, 1.0 / np.sqrt(D), step.per_row)  # [n, H*D]
     return layer.attn_out(out, step.path)                                 # [n, hidden]
 
 
@@ -159,7 +172,8 @@ class Model:
 
     # --- entry points -------------------------------------------------------------------------
 
-    def forward_step(self, ids, pos0: int, cache: KvCache) -> np.ndarray:
+    def forward_step(self, ids, pos0: int, cache: KvCache, *,
+                     per_row: bool = False) -> np.ndarray:
         """Run `ids` at positions pos0.. through the model, appending to `cache`: `[vocab]`.
 
         With a fresh cache and pos0 == 0 this is prefill, and the result equals
@@ -167,9 +181,10 @@ class Model:
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
-        return self._forward(ids, [segment], last_only=True)[0]
+        return self._forward(ids, [segment], last_only=True, per_row=per_row)[0]
 
-    def forward_step_all_logits(self, ids, pos0: int, cache: KvCache) -> np.ndarray:
+    def forward_step_all_logits(self, ids, pos0: int, cache: KvCache, *,
+                                per_row: bool = False) -> np.ndarray:
         """Like `forward_step`, but logits for every appended position: `[n, vocab]`.
 
         The verify step of speculative decoding: n positions checked for about the weight
@@ -177,12 +192,27 @@ class Model:
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
-        return self._forward(ids, [segment], last_only=False)
+        return self._forward(ids, [segment], last_only=False, per_row=per_row)
 
-    def forward_last_logits(self, ids) -> np.ndarray:
+    def forward_last_logits(self, ids, *, per_row: bool = False,
+                            cache_type: str = "f16") -> np.ndarray:
         """Cacheless: the whole sequence from scratch; last position's logits `[vocab]`."""
+        return self._from_scratch(ids, per_row, cache_type, last_only=True)[0]
+
+    def forward_all_logits(self, ids, *, per_row: bool = False,
+                           cache_type: str = "f16") -> np.ndarray:
+        """Cacheless, every position's logits `[n, vocab]`: row p depends on ids[:p+1] only
+        (the causal mask), so one pass is the oracle of a whole generation."""
+        return self._from_scratch(ids, per_row, cache_type, last_only=False)
+
+    def _from_scratch(self, ids, per_row: bool, cache_type: str, last_only: bool):
+        """One pass over a whole sequence, remembering nothing from earlier calls.  Its keys
+        and values still pass through a scratch cache of `cache_type`, so they are rounded
+        exactly as a cache rounds them (llama.cpp's batch evaluation does the same)."""
         ids = self._ids(ids)
-        return self._forward(ids, [Segment(0, len(ids), 0, None)], last_only=True)[0]
+        scratch = KvCache.for_config(self.config, len(ids), cache_type)
+        segment = Segment(0, len(ids), 0, scratch)
+        return self._forward(ids, [segment], last_only=last_only, per_row=per_row)
 
     def forward_step_batch(self, ids, caches: list[KvCache]) -> np.ndarray:
         """One new token for each of N independent streams in one pass: `[N, vocab]`.
@@ -226,11 +256,12 @@ class Model:
     # --- the forward pass ---------------------------------------------------------------------
 
     def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
-                 path: str = "auto") -> np.ndarray:
+                 per_row: bool = False) -> np.ndarray:
         cfg, last = self.config, len(self.layers) - 1
         positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.stop - s.start)
                                     for s in segments])
-        step = Step(segments, *rope_angles(positions, cfg.head_dim, cfg.rope_theta), path)
+        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+        step = Step(segments, cos, sin, per_row)
         x = self._stage("embedding", self.embedding.rows, ids)             # [n, hidden]
         for i, layer in enumerate(self.layers):
             x = x + self._stage("attention", attention_block, layer, x, cfg, step, i)
@@ -238,12 +269,12 @@ class Model:
                 x = x[-1:]  # only the last row reaches the logits: skip the others' FFN
             x = x + self._stage("ffn", ffn_block, layer, x, cfg, step)
         for s in segments:
-            if s.cache is not None:
-                s.cache.advance(s.stop - s.start)
-        return self._stage("lm_head", self._logits, x)                     # [rows, vocab]
+            s.cache.advance(s.stop - s.start)
+        return self._stage("lm_head", self._logits, x, step)               # [rows, vocab]
 
-    def _logits(self, x: np.ndarray) -> np.ndarray:
-        return self.output(rms_norm(x, self.output_norm, self.config.rms_norm_eps))
+    def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
+        h = rms_norm(x, self.output_norm, self.config.rms_norm_eps)        # [rows, hidden]
+        return self.output(h, step.path)                                   # [rows, vocab]
 
     def _stage(self, name: str, fn, *args):
         """fn(*args), its wall time added to `self.profile[name]` when profiling is on."""
