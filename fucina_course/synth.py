@@ -1,17 +1,18 @@
-"""Synthetic models: valid GGUF files with the real Qwen vocabulary and seeded random weights.
+"""Synthetic models: valid GGUF files with the real Qwen vocabulary and random weights.
 
-Why: the engine must be compared with llama.cpp at exact Qwen3 geometries (including the 0.6B one,
-for speed) and in every block format, on machines where no Qwen3 download is possible.  A random
-model is as good as a trained one for that purpose: the two engines read the very same file, so
-their logits must agree whatever the weights are.  Tiny geometries make fast tests; the MoE
-geometry feeds the mixture-of-experts chapter.
+Why: the engine must be compared with llama.cpp at exact Qwen3 geometries (including the
+0.6B one, for speed) and in every block format, on machines where no Qwen3 download is
+possible.  A random model is as good as a trained one for that purpose: the two engines
+read the very same file, so their logits must agree whatever the weights are.  Tiny
+geometries make fast tests; the MoE geometry feeds the mixture-of-experts chapter.
 
-Weights are drawn so that logits are not degenerate: embeddings and projections have the usual
-1/sqrt(fan_in) scale, norms are ~1.  Formats that gguf-py can quantize (F32, F16, BF16, Q8_0, Q4_0,
-Q4_1, Q5_0, Q5_1) are quantized from float weights; for the K-quants (Q4_K, Q5_K, Q6_K), which
-gguf-py cannot quantize, we write random *blocks* directly (any bytes form a valid block once the
-float16 scale fields hold finite values), then rescale the block scales so the decoded values have
-the requested standard deviation.  Every choice is driven by one seed.
+Weights are drawn so that logits are not degenerate: embeddings and projections have the
+usual 1/sqrt(fan_in) scale, norms are ~1.  Formats that gguf-py can quantize (F32, F16,
+BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) are quantized from float weights; for the K-quants
+(Q4_K, Q5_K, Q6_K), which gguf-py cannot quantize, we write random *blocks* directly
+(any bytes form a valid block once the float16 scale fields hold finite values), then
+rescale the block scales so the decoded values have the requested standard deviation.
+Every choice is driven by one seed.
 """
 
 from __future__ import annotations
@@ -24,13 +25,11 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .quant.formats import FORMATS
 from .tokenizer import TokenType
 
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
 RANDOM_BLOCKS = {T.Q4_K, T.Q5_K, T.Q6_K}
-
-# byte offsets of the float16 scale fields inside one block, per K-quant format
-_K_SCALE_FIELDS = {T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,)}
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ class SynthSpec:
     """Geometry, formats and seed of a synthetic model."""
 
     arch: str = "qwen3"
-    vocab_size: int = 151_936        # 151936 = full Qwen3 vocabulary; smaller = truncated (see `vocabulary`)
+    vocab_size: int = 151_936        # the full Qwen3 vocabulary (smaller: `vocabulary`)
     hidden_size: int = 256
     intermediate_size: int = 512
     num_layers: int = 2
@@ -59,18 +58,21 @@ class SynthSpec:
     name: str = field(default="synthetic")
 
 
-QWEN3_0_6B = SynthSpec(hidden_size=1024, intermediate_size=3072, num_layers=28, num_heads=16,
-                       num_kv_heads=8, head_dim=128, context_length=40960, name="qwen3-0.6b-geometry")
+QWEN3_0_6B = SynthSpec(hidden_size=1024, intermediate_size=3072, num_layers=28,
+                       num_heads=16, num_kv_heads=8, head_dim=128, context_length=40960,
+                       name="qwen3-0.6b-geometry")
 TINY_QWEN3 = SynthSpec(vocab_size=4096, name="tiny-qwen3")
-TINY_QWEN3_MOE = SynthSpec(arch="qwen3moe", vocab_size=4096, num_experts=8, num_experts_used=2,
-                           moe_intermediate_size=256, intermediate_size=512, name="tiny-qwen3-moe")
+TINY_QWEN3_MOE = SynthSpec(arch="qwen3moe", vocab_size=4096, num_experts=8,
+                           num_experts_used=2, moe_intermediate_size=256,
+                           intermediate_size=512, name="tiny-qwen3-moe")
 
 
 def vocabulary(vocab_size: int) -> dict:
     """The Qwen3 vocabulary, or a consistent prefix of it.
 
-    A prefix of n entries keeps the n-3 lowest-ranked byte tokens with exactly the merges that
-    build them (merge i creates token 256 + i), then the three ChatML markers.
+    A prefix of n entries keeps the n-3 lowest-ranked byte tokens with exactly the
+    merges that build them (merge i creates token 256 + i), then the three ChatML
+    markers.
     """
     from .gguf_file import GGUFFile
     from .catalog import qwen3_vocab_path
@@ -80,12 +82,15 @@ def vocabulary(vocab_size: int) -> dict:
     types = np.asarray(g.get_array("tokenizer.ggml.token_type")).tolist()
     merges = [m.decode() for m in g.get_strings("tokenizer.ggml.merges")]
     if vocab_size >= len(tokens):
-        return {"tokens": tokens, "token_types": types, "merges": merges, "bos": 151643, "eos": 151645}
+        return {"tokens": tokens, "token_types": types, "merges": merges,
+                "bos": 151643, "eos": 151645}
     if vocab_size < 260:
-        raise ValueError("a truncated vocabulary needs at least 256 byte tokens + 3 markers + 1")
+        raise ValueError("a truncated vocabulary needs at least 256 byte tokens "
+                         "+ 3 markers + 1")
     keep = vocab_size - 3
     markers = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-    return {"tokens": tokens[:keep] + markers, "token_types": types[:keep] + [int(TokenType.CONTROL)] * 3,
+    control = [int(TokenType.CONTROL)] * 3
+    return {"tokens": tokens[:keep] + markers, "token_types": types[:keep] + control,
             "merges": merges[:keep - 256], "bos": keep, "eos": keep + 2}
 
 
@@ -97,17 +102,20 @@ def _encode(w: np.ndarray, qtype: T) -> np.ndarray:
     return gguf.quants.quantize(w.astype(np.float32), qtype)
 
 
-def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: T, std: float) -> np.ndarray:
-    """Random valid K-quant blocks for a `[rows, cols]` matrix whose decoded values have ~`std`."""
-    block, size = gguf.constants.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    fields = _K_SCALE_FIELDS[qtype]
-    scales = np.full((rows, cols // block, len(fields)), 1.0, dtype=np.float16)
+def _random_k_blocks(rng: np.random.Generator, rows: int, cols: int, qtype: T,
+                     std: float) -> np.ndarray:
+    """Random valid K-quant blocks for a [rows, cols] matrix, decoded values ~`std`."""
+    fmt = FORMATS[qtype]
+    nb = cols // fmt.block_size
+    raw = rng.integers(0, 256, size=(rows, nb, fmt.block_bytes), dtype=np.uint8)
+    fields = fmt.f16_fields                              # d (and dmin)
+    scales = np.full((rows, nb, len(fields)), 1.0, dtype=np.float16)
     if len(fields) == 2:  # d and dmin: centre the (d*sc*q - dmin*m) distribution
         scales[..., 1] = 7.5 if qtype == T.Q4_K else 15.5
     for j, off in enumerate(fields):
         raw[..., off:off + 2] = scales[..., j:j + 1].view(np.uint8)
-    sample = gguf.quants.dequantize(raw[: min(rows, 64)].reshape(min(rows, 64), -1), qtype)
+    n = min(rows, 64)
+    sample = gguf.quants.dequantize(raw[:n].reshape(n, -1), qtype)
     factor = std / max(float(np.std(sample)), 1e-12)
     for j, off in enumerate(fields):
         scaled = (scales[..., j:j + 1].astype(np.float32) * factor).astype(np.float16)
@@ -119,11 +127,13 @@ class _TensorMaker:
     def __init__(self, spec: SynthSpec):
         self.spec, self.rng = spec, np.random.default_rng(spec.seed)
 
-    def matrix(self, rows: int, cols: int, type_name: str, std: float) -> tuple[np.ndarray, T]:
+    def matrix(self, rows: int, cols: int, type_name: str,
+               std: float) -> tuple[np.ndarray, T]:
         qtype = T[type_name]
         if qtype in RANDOM_BLOCKS:
             if cols % 256:
-                raise ValueError(f"{type_name} needs rows of a multiple of 256 values, got {cols}")
+                raise ValueError(f"{type_name} needs rows of a multiple of 256 values, "
+                                 f"got {cols}")
             return _random_k_blocks(self.rng, rows, cols, qtype, std), qtype
         if qtype not in QUANTIZABLE:
             raise ValueError(f"synthetic models cannot be written in {type_name}")
@@ -137,20 +147,23 @@ class _TensorMaker:
 def _logical_shape(data: np.ndarray, qtype: T) -> tuple[int, int]:
     if data.dtype != np.uint8:
         return data.shape[0], data.shape[-1]
-    block, size = gguf.constants.GGML_QUANT_SIZES[qtype]
-    return data.shape[0], data.shape[-1] // size * block
+    fmt = FORMATS[qtype]
+    return data.shape[0], data.shape[-1] // fmt.block_bytes * fmt.block_size
 
 
-def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overrides: dict | None = None,
-                    type_overrides: dict[str, str] | None = None, progress: bool = False) -> Path:
+def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
+                    metadata_overrides: dict | None = None,
+                    type_overrides: dict[str, str] | None = None,
+                    progress: bool = False) -> Path:
     """Write `spec` as a GGUF file llama.cpp can load; returns the path.
 
-    `metadata_overrides` ({key: value}) and `type_overrides` ({tensor name: format}) exist to write
-    deliberately broken files for the error tests.
+    `metadata_overrides` ({key: value}) and `type_overrides` ({tensor name: format})
+    exist to write deliberately broken files for the error tests.
     """
     s = spec
     if s.arch not in ("qwen3", "qwen3moe"):
-        raise ValueError(f"synthetic architectures are qwen3 and qwen3moe, not {s.arch!r}")
+        raise ValueError(f"synthetic architectures are qwen3 and qwen3moe, "
+                         f"not {s.arch!r}")
     vocab = vocabulary(s.vocab_size)
     n_vocab = len(vocab["tokens"])
     mk = _TensorMaker(s)
@@ -159,25 +172,37 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
     tmp = path.with_suffix(".tmp")
     a = s.arch
     meta: dict[str, tuple[str, object]] = {
-        "general.name": ("string", f"{s.name} (synthetic, random weights, seed {s.seed})"),
-        f"{a}.context_length": ("uint32", s.context_length), f"{a}.embedding_length": ("uint32", s.hidden_size),
-        f"{a}.block_count": ("uint32", s.num_layers), f"{a}.feed_forward_length": ("uint32", s.intermediate_size),
-        f"{a}.attention.head_count": ("uint32", s.num_heads), f"{a}.attention.head_count_kv": ("uint32", s.num_kv_heads),
-        f"{a}.attention.key_length": ("uint32", s.head_dim), f"{a}.attention.value_length": ("uint32", s.head_dim),
-        f"{a}.rope.freq_base": ("float32", s.rope_theta), f"{a}.attention.layer_norm_rms_epsilon": ("float32", s.rms_norm_eps),
+        "general.name": ("string",
+                         f"{s.name} (synthetic, random weights, seed {s.seed})"),
+        f"{a}.context_length": ("uint32", s.context_length),
+        f"{a}.embedding_length": ("uint32", s.hidden_size),
+        f"{a}.block_count": ("uint32", s.num_layers),
+        f"{a}.feed_forward_length": ("uint32", s.intermediate_size),
+        f"{a}.attention.head_count": ("uint32", s.num_heads),
+        f"{a}.attention.head_count_kv": ("uint32", s.num_kv_heads),
+        f"{a}.attention.key_length": ("uint32", s.head_dim),
+        f"{a}.attention.value_length": ("uint32", s.head_dim),
+        f"{a}.rope.freq_base": ("float32", s.rope_theta),
+        f"{a}.attention.layer_norm_rms_epsilon": ("float32", s.rms_norm_eps),
     }
     if a == "qwen3moe":
-        meta.update({f"{a}.expert_count": ("uint32", s.num_experts), f"{a}.expert_used_count": ("uint32", s.num_experts_used),
-                     f"{a}.expert_feed_forward_length": ("uint32", s.moe_intermediate_size)})
+        meta.update({f"{a}.expert_count": ("uint32", s.num_experts),
+                     f"{a}.expert_used_count": ("uint32", s.num_experts_used),
+                     f"{a}.expert_feed_forward_length":
+                         ("uint32", s.moe_intermediate_size)})
     from .qwen_vocab import CHATML_TEMPLATE
     meta.update({
-        "tokenizer.ggml.model": ("string", "gpt2"), "tokenizer.ggml.pre": ("string", "qwen2"),
-        "tokenizer.ggml.tokens": ("array", vocab["tokens"]), "tokenizer.ggml.token_type": ("array", vocab["token_types"]),
-        "tokenizer.ggml.merges": ("array", vocab["merges"]), "tokenizer.ggml.bos_token_id": ("uint32", vocab["bos"]),
-        "tokenizer.ggml.eos_token_id": ("uint32", vocab["eos"]), "tokenizer.ggml.add_bos_token": ("bool", False),
+        "tokenizer.ggml.model": ("string", "gpt2"),
+        "tokenizer.ggml.pre": ("string", "qwen2"),
+        "tokenizer.ggml.tokens": ("array", vocab["tokens"]),
+        "tokenizer.ggml.token_type": ("array", vocab["token_types"]),
+        "tokenizer.ggml.merges": ("array", vocab["merges"]),
+        "tokenizer.ggml.bos_token_id": ("uint32", vocab["bos"]),
+        "tokenizer.ggml.eos_token_id": ("uint32", vocab["eos"]),
+        "tokenizer.ggml.add_bos_token": ("bool", False),
         "tokenizer.chat_template": ("string", CHATML_TEMPLATE),
     })
-    for key, value in (metadata_overrides or {}).items():  # tests use this to write broken files
+    for key, value in (metadata_overrides or {}).items():  # tests write broken files
         meta[key] = (meta[key][0] if key in meta else "uint32", value)
     w = gguf.GGUFWriter(str(tmp), a)
     for key, (kind, value) in meta.items():
@@ -186,19 +211,22 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
 
     def add(name, data_type):
         data, qtype = data_type
-        if name in (type_overrides or {}):  # random bytes in another format (e.g. an unsupported one)
-            qtype = T[type_overrides[name]]
+        if name in (type_overrides or {}):  # random bytes, another (maybe unsupported)
+            qtype = T[type_overrides[name]]  # format: gguf-py's table knows them all
             block, size = gguf.constants.GGML_QUANT_SIZES[qtype]
             n_out, n_in = _logical_shape(data, data_type[1])
-            data = mk.rng.integers(0, 256, size=(n_out, n_in // block * size), dtype=np.uint8)
+            data = mk.rng.integers(0, 256, size=(n_out, n_in // block * size),
+                                   dtype=np.uint8)
         w.add_tensor(name, data, raw_dtype=qtype)
 
-    h, q_dim, kv_dim = s.hidden_size, s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+    h = s.hidden_size
+    q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
     emb_type = s.embedding_type or s.weight_type
     add("token_embd.weight", mk.matrix(n_vocab, h, emb_type, 0.05))
     add("output_norm.weight", (mk.norm(h), T.F32))
     if not s.tied_embeddings:
-        add("output.weight", mk.matrix(n_vocab, h, s.output_type or s.weight_type, 1.0 / np.sqrt(h)))
+        out_type = s.output_type or s.weight_type
+        add("output.weight", mk.matrix(n_vocab, h, out_type, 1.0 / np.sqrt(h)))
     wt = s.weight_type
     for i in range(s.num_layers):
         b = f"blk.{i}."
@@ -211,14 +239,19 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
         add(b + "attn_k_norm.weight", (mk.norm(s.head_dim), T.F32))
         add(b + "ffn_norm.weight", (mk.norm(h), T.F32))
         if s.arch == "qwen3":
-            add(b + "ffn_gate.weight", mk.matrix(s.intermediate_size, h, wt, 1.0 / np.sqrt(h)))
-            add(b + "ffn_up.weight", mk.matrix(s.intermediate_size, h, wt, 1.0 / np.sqrt(h)))
-            add(b + "ffn_down.weight", mk.matrix(h, s.intermediate_size, wt, 1.0 / np.sqrt(s.intermediate_size)))
+            ff = s.intermediate_size
+            add(b + "ffn_gate.weight", mk.matrix(ff, h, wt, 1.0 / np.sqrt(h)))
+            add(b + "ffn_up.weight", mk.matrix(ff, h, wt, 1.0 / np.sqrt(h)))
+            add(b + "ffn_down.weight", mk.matrix(h, ff, wt, 1.0 / np.sqrt(ff)))
         else:
             e, f = s.num_experts, s.moe_intermediate_size
-            add(b + "ffn_gate_inp.weight", (mk.rng.standard_normal((e, h), dtype=np.float32) / np.float32(np.sqrt(h)), T.F32))
-            for name, rows, cols in (("ffn_gate_exps", f, h), ("ffn_up_exps", f, h), ("ffn_down_exps", h, f)):
-                mats = [mk.matrix(rows, cols, wt, 1.0 / np.sqrt(cols)) for _ in range(e)]
+            router = mk.rng.standard_normal((e, h), dtype=np.float32)
+            router /= np.float32(np.sqrt(h))
+            add(b + "ffn_gate_inp.weight", (router, T.F32))
+            for name, rows, cols in (("ffn_gate_exps", f, h), ("ffn_up_exps", f, h),
+                                     ("ffn_down_exps", h, f)):
+                mats = [mk.matrix(rows, cols, wt, 1.0 / np.sqrt(cols))
+                        for _ in range(e)]
                 add(b + name + ".weight", (np.stack([m for m, _ in mats]), mats[0][1]))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -229,18 +262,20 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *, metadata_overri
 
 
 def cached_synthetic(spec: SynthSpec) -> Path:
-    """A synthetic model in the cache dir (written on first use; the name encodes the spec)."""
+    """A synthetic model in the cache dir (written on first use; the name encodes the
+    spec)."""
     from .catalog import cache_dir
 
     import hashlib
 
     key = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
-    path = cache_dir() / "synth" / f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}.gguf"
+    name = f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}.gguf"
+    path = cache_dir() / "synth" / name
     if not path.is_file():
         import sys
 
-        print(f"writing synthetic model {path.name} (first use; the 0.6B geometry takes ~20 s)",
-              file=sys.stderr, flush=True)
+        print(f"writing synthetic model {path.name} (first use; the 0.6B geometry "
+              f"takes ~20 s)", file=sys.stderr, flush=True)
         write_synthetic(spec, path, progress=True)
     return path
 

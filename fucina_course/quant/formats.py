@@ -1,36 +1,94 @@
-"""Which GGML block formats the engine computes with, their block geometry, and their dot partner.
+"""The GGML block formats the engine computes with: one record per format.
 
-`VEC_DOT_TYPE[t]` is the format ggml converts the *activations* to before a matrix product with
-weights of format `t` (ggml-cpu.c, `type_traits_cpu[t].vec_dot_type`).  The engine does the same so
-its decode numerics match llama.cpp's: see quant/activations.py.
+A GGUF weight matrix W [n_out, n_in] is stored row by row; each row is a sequence of
+fixed-size *blocks*, and each block holds a few scales plus small integer quants.  A
+value is recovered as `d * q` (or `d * q + m`, `d * sc * q - dmin * m`, ...).  Every
+size and byte offset the rest of the package needs comes from the `FORMATS` records
+below; a new format is one record here plus its kernels (dequant.py, matvec.py and, for
+speed, an integer kernel in _vnni_matvec.py / _vnni_matmul.py).
+
+`vec_dot_type` is the format ggml converts the *activations* to before a dot product
+with weights of this format (ggml-cpu.c, `type_traits_cpu[t].vec_dot_type`).  The engine
+does the same, so that its numbers are llama.cpp's (activations.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gguf import GGMLQuantizationType as T
-from gguf.constants import GGML_QUANT_SIZES
 
 from ..errors import UnsupportedFormat
 
 QK_K = 256  # elements of a K-quant super-block
 
-SUPPORTED_TYPES: frozenset[T] = frozenset({
-    T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K,
-})
 
-VEC_DOT_TYPE: dict[T, T] = {
-    T.F32: T.F32,
-    T.F16: T.F16,
-    T.BF16: T.BF16,
-    T.Q8_0: T.Q8_0,
-    T.Q4_0: T.Q8_0,
-    T.Q5_0: T.Q8_0,
-    T.Q4_1: T.Q8_1,
-    T.Q5_1: T.Q8_1,
-    T.Q4_K: T.Q8_K,
-    T.Q5_K: T.Q8_K,
-    T.Q6_K: T.Q8_K,
-}
+@dataclass(frozen=True)
+class BlockFormat:
+    """The layout of one GGML block format (little-endian; offsets in bytes).
+
+    `d_offset` / `m_offset` are the f16 fields: the scale d, and the per-block minimum
+    (m of Q4_1/Q5_1, dmin of the K-quants).  `zero_point` is what ggml subtracts from an
+    unsigned stored quant (value = d * (q - zero_point)): Q4_0 8, Q5_0 16, Q6_K 32.
+    """
+
+    ggml_type: T
+    block_size: int                  # elements per block (1 for F32 / F16 / BF16)
+    block_bytes: int
+    vec_dot_type: T
+    d_offset: int | None = None
+    m_offset: int | None = None
+    qs_offset: int | None = None     # the packed low bits of the quants
+    qh_offset: int | None = None     # the high bits (Q5_*: 5th bits, Q6_K: top 2 bits)
+    scales_offset: int | None = None  # K-quants: the packed sub-block scales
+    zero_point: int = 0
+
+    @property
+    def f16_fields(self) -> tuple[int, ...]:
+        """Byte offsets of the block's f16 scale fields (d, then m / dmin)."""
+        return tuple(o for o in (self.d_offset, self.m_offset) if o is not None)
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.block_bytes / self.block_size
+
+
+def _formats(*records: BlockFormat) -> dict[T, BlockFormat]:
+    return {f.ggml_type: f for f in records}
+
+
+FORMATS: dict[T, BlockFormat] = _formats(
+    BlockFormat(T.F32, 1, 4, T.F32),
+    BlockFormat(T.F16, 1, 2, T.F16),                 # IEEE half
+    BlockFormat(T.BF16, 1, 2, T.BF16),               # the top half of a float32
+    # d * q: qs int8[32]
+    BlockFormat(T.Q8_0, 32, 34, T.Q8_0, d_offset=0, qs_offset=2),
+    # d * (q - 8): element j in the low nibble of qs[j], j + 16 in its high nibble
+    BlockFormat(T.Q4_0, 32, 18, T.Q8_0, d_offset=0, qs_offset=2, zero_point=8),
+    # d * q + m: qs as Q4_0
+    BlockFormat(T.Q4_1, 32, 20, T.Q8_1, d_offset=0, m_offset=2, qs_offset=4),
+    # d * (q - 16): bit j of the u32 qh is the 5th bit of element j, qs as Q4_0
+    BlockFormat(T.Q5_0, 32, 22, T.Q8_0, d_offset=0, qh_offset=2, qs_offset=6,
+                zero_point=16),
+    # d * q + m: qh and qs as Q5_0
+    BlockFormat(T.Q5_1, 32, 24, T.Q8_1, d_offset=0, m_offset=2, qh_offset=4,
+                qs_offset=8),
+    # d * sc_s * q - dmin * m_s over 8 sub-blocks of 32: 8 six-bit (sc, m) pairs packed
+    # in 12 bytes (ggml's get_scale_min_k4); qs: 4 chunks of 32 bytes, low nibbles =
+    # sub-block 2k, high nibbles = 2k + 1
+    BlockFormat(T.Q4_K, QK_K, 144, T.Q8_K, d_offset=0, m_offset=2, scales_offset=4,
+                qs_offset=16),
+    # as Q4_K, plus qh[32]: bit s of qh[l] is the 5th bit of element 32 s + l
+    BlockFormat(T.Q5_K, QK_K, 176, T.Q8_K, d_offset=0, m_offset=2, scales_offset=4,
+                qh_offset=16, qs_offset=48),
+    # d * sc_s * (q - 32) over 16 sub-blocks of 16: ql[128] low 4 bits, qh[64] top 2
+    # bits, scales int8[16], then d
+    BlockFormat(T.Q6_K, QK_K, 210, T.Q8_K, d_offset=208, qs_offset=0, qh_offset=128,
+                scales_offset=192, zero_point=32),
+)
+
+SUPPORTED_TYPES: frozenset[T] = frozenset(FORMATS)
+VEC_DOT_TYPE: dict[T, T] = {t: f.vec_dot_type for t, f in FORMATS.items()}
 
 
 def _names() -> str:
@@ -43,23 +101,24 @@ def check_supported(ggml_type, tensor_name: str) -> None:
         t = T(int(ggml_type))
     except ValueError:
         raise UnsupportedFormat(
-            f"tensor {tensor_name!r} is stored as unknown GGML type {int(ggml_type)}, which this engine "
-            f"cannot compute with (supported: {_names()})") from None
+            f"tensor {tensor_name!r} is stored as unknown GGML type {int(ggml_type)}, "
+            f"which this engine cannot compute with (supported: {_names()})") from None
     if t not in SUPPORTED_TYPES:
         raise UnsupportedFormat(
-            f"tensor {tensor_name!r} is stored as {t.name}, which this engine cannot compute with "
-            f"(supported: {_names()})")
+            f"tensor {tensor_name!r} is stored as {t.name}, which this engine cannot "
+            f"compute with (supported: {_names()})")
 
 
 def block_geometry(ggml_type) -> tuple[int, int]:
-    """(elements per block, bytes per block).  F32/F16/BF16 count as blocks of one element."""
-    return GGML_QUANT_SIZES[T(int(ggml_type))]
+    """(elements per block, bytes per block) of a supported format."""
+    f = FORMATS[T(int(ggml_type))]
+    return f.block_size, f.block_bytes
 
 
 def row_bytes(ggml_type, row_len: int) -> int:
-    """Bytes of one row of `row_len` elements; the row must hold a whole number of blocks."""
+    """Bytes of one row of `row_len` elements; the row must hold whole blocks."""
     qk, bpb = block_geometry(ggml_type)
     if row_len % qk:
-        raise ValueError(f"a {T(int(ggml_type)).name} row of {row_len} elements is not a whole number "
-                         f"of {qk}-element blocks")
+        raise ValueError(f"a {T(int(ggml_type)).name} row of {row_len} elements is not "
+                         f"a whole number of {qk}-element blocks")
     return row_len // qk * bpb
