@@ -1,9 +1,14 @@
 """One exception hierarchy for the whole engine.
 
-Every failure a user can cause (a wrong path, a broken file, a full cache, an unsupported block
-format) is a `FucinaError` subclass with a message that names the file, key, tensor or limit
-involved.  The CLI catches `FucinaError` and prints its message on one line with a non-zero exit
-code; anything else escaping is a bug in the engine, and shows as a traceback on purpose.
+Every failure a user can cause (a wrong path, a broken file, a full cache, an
+unsupported block format) is a `FucinaError` subclass with a message that names the
+file, key, tensor or limit involved.  The CLI catches `FucinaError` and prints its
+message on one line with a non-zero exit code; anything else escaping is a bug in the
+engine, and shows as a traceback on purpose.
+
+A model file is untrusted input (docs/RELIABILITY.md): whatever its bytes, loading and
+running it ends in a result or in one of these, never in another exception, a crash, a
+hang or a giant allocation.  The seeded fuzzer in tests/test_fuzz_gguf.py holds that.
 """
 
 
@@ -12,11 +17,11 @@ class FucinaError(Exception):
 
 
 class ModelFileError(FucinaError):
-    """The path is missing, is a directory, is not a GGUF file, or is truncated/corrupt."""
+    """The path is missing, a directory, not a GGUF file, or truncated or corrupt."""
 
 
 class MetadataError(FucinaError):
-    """A GGUF metadata key is absent, has the wrong type, or holds an impossible value."""
+    """A GGUF metadata key is absent, has the wrong type, or an impossible value."""
 
 
 class UnsupportedArchitecture(FucinaError):
@@ -33,6 +38,14 @@ class ShapeMismatch(FucinaError):
 
 class TokenizerError(FucinaError):
     """The file has no (usable) tokenizer, or an id is outside the vocabulary."""
+
+
+class NonFiniteValues(FucinaError):
+    """A forward pass produced NaN or infinity (broken weights or an impossible config).
+
+    Raised instead of handing garbage logits to a sampler, which would pick a token
+    from them without a word.
+    """
 
 
 class InvalidSequenceLength(FucinaError):
@@ -56,4 +69,4 @@ class ModelNotFound(FucinaError):
 
 
 class DownloadError(FucinaError):
-    """Fetching a model from the package registry failed, or its checksum did not match."""
+    """Fetching a model from the package registry failed, or its checksum mismatched."""

@@ -1,20 +1,36 @@
 """Open a GGUF file: memory-mapped tensors plus typed, validated metadata.
 
-The container format itself is parsed by the `gguf` package's `GGUFReader` (the reference reader
-maintained next to llama.cpp); this module adds three things on top of it:
+The container is parsed by the `gguf` package's `GGUFReader` (the reference reader
+maintained next to llama.cpp), subclassed here for three reasons:
 
-* **Speed.**  `GGUFReader` turns every element of every metadata array into its own pair of numpy
-  views.  A Qwen vocabulary is two arrays of ~151k strings, so opening the 0.5B Qwen2.5-Coder file
-  took ~15 s here, almost all of it in that loop.  `_FastArrayReader` overrides the one method that
-  parses a metadata value: arrays of numbers become a single numpy view, arrays of strings are walked
-  once with `struct` (an offset table, ~0.1 s for 300k strings) and their per-element views are
-  produced only if somebody asks.  Opening the same file now takes a fraction of a second.
-* **Typed getters.**  `get_int`, `get_float`, `get_str`, `get_bool`, `get_array`, `get_strings`
-  check the stored type and raise `MetadataError` naming the file and the key.  Structural integers
-  (layer count, head count, ...) are read with `positive=True`: a present-but-zero value can only be
-  a broken file, so it is an error rather than a silent empty model.
-* **Clear failures.**  A missing path, a directory, a file without the GGUF magic, and a truncated
-  file each raise `ModelFileError` with one sentence that names the file.
+* **Speed.**  `GGUFReader` turns every element of every metadata array into its own
+  pair of numpy views.  A Qwen vocabulary is two arrays of ~151k strings, so opening
+  the 0.5B Qwen2.5-Coder file took ~15 s here, almost all of it in that loop.
+  `_CheckedReader` parses arrays of numbers as a single numpy view and walks arrays of
+  strings once with `struct` (an offset table, ~0.1 s for 300k strings); per-element
+  views are made only if somebody asks.  Opening the same file takes ~0.1 s.
+* **A model file is untrusted input.**  Every count, length, offset and shape in the
+  file is treated as hostile until checked, and checked *before* anything is allocated
+  from it: a metadata array claiming 2^40 elements is compared with the bytes that
+  remain (the reference reader would first ask numpy for terabytes).  The container
+  rules are llama.cpp's (`gguf_init_from_file`), so a file one engine rejects the other
+  rejects too: version 2 or 3, little-endian; non-empty unique UTF-8 keys; no arrays of
+  arrays; unique tensor names under 64 bytes; at most 4 dimensions; a known GGML type
+  whose block divides the row; each tensor's offset aligned to `general.alignment` and
+  exactly where the previous tensor's padded bytes end (the data section is the
+  tensors, in table order, nothing else: this is what catches a type relabelled to one
+  of another size); every byte inside the file.  Bytes after the last tensor beyond its
+  padding are an error too: only a lying tensor table leaves them.
+* **Typed getters.**  `get_int`, `get_float`, `get_str`, `get_bool`, `get_array`,
+  `get_strings` check the stored type and raise `MetadataError` naming the file and the
+  key.  Structural integers (layer count, head count, ...) are read with
+  `positive=True`: a present-but-zero value can only be a broken file.  Floats must be
+  stored as floats (llama.cpp's rule): an integer where a float belongs is a type
+  confusion, not a value.
+
+Every failure is a `ModelFileError` (container) or `MetadataError` (a key) with one
+sentence naming the file and the key or tensor.  Whether the tensors are the ones a
+model needs is the next layer's question (validate.py).
 """
 
 from __future__ import annotations
@@ -27,16 +43,23 @@ from typing import Any, Sequence
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
-from gguf.gguf_reader import ReaderField
 from gguf.constants import GGML_QUANT_SIZES
+from gguf.gguf_reader import ReaderField
 
 from .errors import MetadataError, ModelFileError
 
 GGUF_MAGIC = b"GGUF"
+SUPPORTED_VERSIONS = (2, 3)
+MAX_DIMS = 4                 # GGML_MAX_DIMS
+MAX_NAME_BYTES = 63          # GGML_MAX_NAME - 1 (the C struct keeps a terminating NUL)
+MAX_STRING_BYTES = 1 << 30   # llama.cpp's GGUF_MAX_STRING_LENGTH
+_MIN_KV_BYTES = 14           # key length 8 + key >= 1 + type 4 + smallest value 1
+_MIN_TENSOR_INFO_BYTES = 25  # name length 8 + name >= 1 + n_dims 4 + type 4 + offset 8
 _U64 = struct.Struct("<Q")
 _INT_TYPES = {
-    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-    GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.UINT64, GGUFValueType.INT64,
+    GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16,
+    GGUFValueType.INT16, GGUFValueType.UINT32, GGUFValueType.INT32,
+    GGUFValueType.UINT64, GGUFValueType.INT64,
 }
 _FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 
@@ -44,12 +67,14 @@ _FLOAT_TYPES = {GGUFValueType.FLOAT32, GGUFValueType.FLOAT64}
 class _LazyStringParts(Sequence):
     """The `parts` list of a string-array field, materialised on demand.
 
-    `GGUFReader` represents a string array as [item_type, count, len_0, bytes_0, len_1, bytes_1, ...]
-    and `ReaderField.contents()` indexes into that list.  We keep the same indexing contract (so the
-    reader's own `contents()` still works) but build the two views of element i only when asked.
+    `GGUFReader` represents a string array as [item_type, count, len_0, bytes_0, len_1,
+    bytes_1, ...] and `ReaderField.contents()` indexes into that list.  We keep the same
+    indexing contract (so the reader's own `contents()` still works) but build the two
+    views of element i only when asked.
     """
 
-    def __init__(self, data: np.ndarray, head: list[np.ndarray], starts: np.ndarray, lengths: np.ndarray):
+    def __init__(self, data: np.ndarray, head: list[np.ndarray], starts: np.ndarray,
+                 lengths: np.ndarray):
         self._data, self._head, self.starts, self.lengths = data, head, starts, lengths
 
     def prepend(self, parts: list[np.ndarray]) -> None:
@@ -72,94 +97,261 @@ class _LazyStringParts(Sequence):
         return self._data[start - 8:start].view(np.uint64)
 
 
-class _Truncated(Exception):
-    pass
+class _Corrupt(Exception):
+    """A container rule is broken; the message says where (GGUFFile adds the path)."""
 
 
-class _FastArrayReader(GGUFReader):
-    """`GGUFReader` with O(1)-views-per-array parsing of metadata arrays (see module docstring)."""
+class _Truncated(_Corrupt):
+    """Something the file declares lies (partly) past its last byte."""
+
+
+@dataclass(frozen=True)
+class _TensorEntry:
+    name: str
+    ggml_type: GGMLQuantizationType
+    shape: tuple[int, ...]
+    n_bytes: int
+    start: int  # absolute file offset
+
+
+def _pad(n: int, alignment: int) -> int:
+    return -(-n // alignment) * alignment
+
+
+class _CheckedReader(GGUFReader):
+    """`GGUFReader` with bounded, checked parsing (see the module docstring).
+
+    The base class's `__init__` drives the walk (magic, version, counts, fields, tensor
+    table, alignment, data section); every method it calls to read something is
+    overridden here.  `_where` names what is being read, for the error message.
+    """
+
+    def __init__(self, path: Path):
+        self._where = "the header"
+        self.table: list[_TensorEntry] = []
+        super().__init__(path, "r")
+
+    # --- primitive reads ------------------------------------------------------------
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        # Every read of the container goes through here: past the end is truncation.
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise _Truncated(f"{self._where} runs past the end of the file")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_str(self, offset: int):
+        slen = self._get(offset, np.uint64)
+        n = int(slen[0])
+        if n > min(MAX_STRING_BYTES, len(self.data) - offset - 8):
+            raise _Truncated(f"{self._where}: a string of {n:,} bytes runs past the "
+                             "end of the file")
+        return slen, self._get(offset + 8, np.uint8, n)
+
+    def _value_type(self, raw) -> GGUFValueType:
+        try:
+            return GGUFValueType(int(raw))
+        except ValueError:
+            raise _Corrupt(f"{self._where} has value type {int(raw)}, which GGUF does "
+                           "not define") from None
+
+    # --- metadata ---------------------------------------------------------------------
 
     def _get_field_parts(self, orig_offs: int, raw_type: int):
-        if GGUFValueType(raw_type) != GGUFValueType.ARRAY:
-            return super()._get_field_parts(orig_offs, raw_type)
+        gtype = self._value_type(raw_type)
+        if gtype != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, gtype)
         offs = orig_offs
         raw_itype = self._get(offs, np.uint32)
-        offs += 4
-        alen = self._get(offs, np.uint64)
-        offs += 8
+        alen = self._get(offs + 4, np.uint64)
+        offs += 12
         count = int(alen[0])
-        itype = GGUFValueType(int(raw_itype[0]))
+        itype = self._value_type(raw_itype[0])
+        remaining = len(self.data) - offs
+        if itype == GGUFValueType.ARRAY:
+            raise _Corrupt(f"{self._where} is an array of arrays (no model file has "
+                           "one; llama.cpp rejects them too)")
         if itype == GGUFValueType.STRING:
-            buf = memoryview(self.data)
+            # Checked before allocating: each string costs at least its 8-byte length.
+            if count > remaining // 8:
+                raise _Truncated(f"{self._where} claims {count:,} strings but only "
+                                 f"{remaining:,} bytes follow")
             starts = np.empty(count, dtype=np.int64)
             lengths = np.empty(count, dtype=np.int64)
-            unpack = _U64.unpack_from
-            for i in range(count):
-                (n,) = unpack(buf, offs)
-                starts[i] = offs + 8
-                lengths[i] = n
-                offs += 8 + n
-            if offs > len(self.data):
-                raise ValueError("string array runs past the end of the file")
+            buf, unpack, end = memoryview(self.data), _U64.unpack_from, len(self.data)
+            try:
+                for i in range(count):
+                    (n,) = unpack(buf, offs)
+                    starts[i] = offs + 8
+                    lengths[i] = n
+                    offs += 8 + n
+            except (struct.error, OverflowError):
+                offs = end + 1  # a length ran past the end (or past 2^63)
+            if offs > end:
+                raise _Truncated(f"{self._where}: its strings run past the end of the "
+                                 "file")
             parts = _LazyStringParts(self.data, [raw_itype, alen], starts, lengths)
             idxs = list(range(3, 3 + 2 * count, 2))
             return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, itype]
-        nptype = self.gguf_scalar_to_np.get(itype)
-        if nptype is None:  # nested arrays: rare, keep the reference parser's behaviour
-            return super()._get_field_parts(orig_offs, raw_type)
+        nptype = self.gguf_scalar_to_np[itype]
+        size = np.dtype(nptype).itemsize
+        if count > remaining // size:
+            raise _Truncated(f"{self._where} claims {count:,} values of {size} bytes "
+                             f"but only {remaining:,} bytes follow")
         values = self._get(offs, nptype, count)
-        if len(values) != count:
-            raise ValueError("array runs past the end of the file")
         offs += int(values.nbytes)
-        return offs - orig_offs, [raw_itype, alen, values], [2], [GGUFValueType.ARRAY, itype]
-
-    def _get(self, offset, dtype, count=1, override_order=None):
-        # Every read of the container goes through here: a read past the end is truncation.
-        end = int(offset) + np.dtype(dtype).itemsize * int(count)
-        if end > len(self.data):
-            raise _Truncated("its metadata runs past the end of the file")
-        return super()._get(offset, dtype, count, override_order)
-
-    def _build_tensors(self, start_offs: int, fields: list) -> None:
-        # Check every tensor's extent first: the base class would fail on a short file with a
-        # reshape error that says nothing about truncation.
-        for field in fields:
-            _len, name, _nd, dims, raw_dtype, offset = field.parts
-            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(int(raw_dtype[0]))]
-            end = start_offs + int(offset[0]) + int(np.prod(dims)) * type_size // block
-            if end > len(self.data):
-                raise _Truncated(f"tensor {bytes(name).decode(errors='replace')!r} ends at byte {end:,}, "
-                                 f"the file has {len(self.data):,}")
-        super()._build_tensors(start_offs, fields)
+        return (offs - orig_offs, [raw_itype, alen, values], [2],
+                [GGUFValueType.ARRAY, itype])
 
     def _build_fields(self, offs: int, count: int) -> int:
-        # Same walk as GGUFReader._build_fields, except that a lazy string-array part list is kept
-        # lazy (the base class concatenates it into a Python list, which materialises every view).
-        for _ in range(count):
+        # Same walk as GGUFReader._build_fields, plus llama.cpp's key rules, and a lazy
+        # string-array part list is kept lazy (the base class would materialise it).
+        count = int(count)
+        remaining = len(self.data) - offs
+        if count > remaining // _MIN_KV_BYTES:
+            raise _Truncated(f"the header claims {count:,} metadata keys but only "
+                             f"{remaining:,} bytes follow")
+        for i in range(count):
             orig_offs = offs
+            self._where = f"metadata key #{i}"
             kv_klen, kv_kdata = self._get_str(offs)
-            offs += int(kv_klen.nbytes + kv_kdata.nbytes)
+            offs += 8 + int(kv_kdata.nbytes)
+            try:
+                key = bytes(kv_kdata).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Corrupt(f"metadata key #{i}'s name is not UTF-8") from None
+            if not key:
+                raise _Corrupt(f"metadata key #{i} has an empty name")
+            if key in self.fields:
+                raise _Corrupt(f"metadata key {key!r} appears twice")
+            self._where = f"metadata key {key!r}"
             raw_kv_type = self._get(offs, np.uint32)
-            offs += int(raw_kv_type.nbytes)
+            offs += 4
             key_parts = [kv_klen, kv_kdata, raw_kv_type]
             size, parts, idxs, types = self._get_field_parts(offs, raw_kv_type[0])
             if isinstance(parts, _LazyStringParts):
                 parts.prepend(key_parts)
             else:
                 parts = key_parts + parts
-            self._push_field(ReaderField(orig_offs, str(bytes(kv_kdata), encoding="utf-8"), parts,
-                                         [i + len(key_parts) for i in idxs], types), skip_sum=True)
+            self._push_field(ReaderField(orig_offs, key, parts,
+                                         [j + len(key_parts) for j in idxs], types),
+                             skip_sum=True)
             offs += size
         return offs
+
+    # --- tensors ----------------------------------------------------------------------
+
+    def _check_alignment(self) -> None:
+        field = self.fields.get("general.alignment")
+        if field is None:
+            return
+        if field.types != [GGUFValueType.UINT32]:
+            got = "/".join(t.name for t in field.types)
+            raise _Corrupt(f"metadata key 'general.alignment' should be UINT32, is "
+                           f"{got}")
+        value = int(field.parts[-1][0])
+        if value == 0 or value & (value - 1):
+            raise _Corrupt(f"general.alignment is {value}; it must be a power of two")
+
+    def _build_tensor_info(self, offs: int, count: int):
+        self._check_alignment()  # before the base class reads it, for a clearer message
+        count = int(count)
+        remaining = len(self.data) - offs
+        if count > remaining // _MIN_TENSOR_INFO_BYTES:
+            raise _Truncated(f"the header claims {count:,} tensors but only "
+                             f"{remaining:,} bytes follow")
+        fields, names = [], set()
+        for i in range(count):
+            orig_offs = offs
+            self._where = f"tensor #{i}'s name"
+            name_len, name_data = self._get_str(offs)
+            offs += 8 + int(name_data.nbytes)
+            try:
+                name = bytes(name_data).decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Corrupt(f"tensor #{i}'s name is not UTF-8") from None
+            if not name or len(name_data) > MAX_NAME_BYTES:
+                raise _Corrupt(f"tensor #{i}'s name is {len(name_data)} bytes long; "
+                               f"it must be 1 to {MAX_NAME_BYTES}")
+            if name in names:
+                raise _Corrupt(f"tensor {name!r} appears twice")
+            names.add(name)
+            self._where = f"tensor {name!r}"
+            n_dims = self._get(offs, np.uint32)
+            offs += 4
+            if int(n_dims[0]) > MAX_DIMS:
+                raise _Corrupt(f"tensor {name!r} has {int(n_dims[0]):,} dimensions; "
+                               f"GGUF allows at most {MAX_DIMS}")
+            dims = self._get(offs, np.uint64, int(n_dims[0]))
+            offs += int(dims.nbytes)
+            raw_dtype = self._get(offs, np.uint32)
+            offset = self._get(offs + 4, np.uint64)
+            offs += 12
+            parts = [name_len, name_data, n_dims, dims, raw_dtype, offset]
+            fields.append(ReaderField(orig_offs, name, parts, [1, 3, 4, 5]))
+        return offs, fields
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        # The data section holds the tensors in table order, each padded to the
+        # alignment: llama.cpp refuses any other layout, so any other is a broken table.
+        align, size = int(self.alignment), len(self.data)
+        expected, previous = 0, None
+        for field in fields:
+            name = field.name
+            _len, _name, _nd, dims, raw_dtype, offset = field.parts
+            shape = tuple(int(d) for d in dims)
+            n_elements = 1
+            for d in shape:
+                n_elements *= d
+            if any(d >= 1 << 63 for d in shape) or n_elements >= 1 << 63:
+                raise _Corrupt(f"tensor {name!r} has shape {list(shape)}: more "
+                               "elements than a 64-bit count holds")
+            try:
+                ggml_type = GGMLQuantizationType(int(raw_dtype[0]))
+                block, type_size = GGML_QUANT_SIZES[ggml_type]
+            except (ValueError, KeyError):
+                raise _Corrupt(f"tensor {name!r} has type id {int(raw_dtype[0])}, "
+                               "which is not a GGML type") from None
+            row = shape[0] if shape else 1
+            if row % block:
+                raise _Corrupt(f"tensor {name!r} ({ggml_type.name}) has rows of {row} "
+                               f"values, not a whole number of {block}-value blocks")
+            n_bytes = n_elements // block * type_size
+            off = int(offset[0])
+            if off % align:
+                raise _Corrupt(f"tensor {name!r} starts at data offset {off:,}, not a "
+                               f"multiple of general.alignment ({align})")
+            if off != expected:
+                after = (f"where {previous!r} ends" if previous
+                         else "the data section's start")
+                how = ("overlaps the tensor before it" if off < expected
+                       else "leaves a gap")
+                raise _Corrupt(f"tensor {name!r} starts at data offset {off:,} and "
+                               f"{how}: tensors follow each other in table order, so "
+                               f"it should start at {expected:,} ({after})")
+            end = start_offs + off + n_bytes
+            if end > size:
+                raise _Truncated(f"tensor {name!r} ends at byte {end:,}, the file has "
+                                 f"{size:,}")
+            self.table.append(
+                _TensorEntry(name, ggml_type, shape, n_bytes, start_offs + off))
+            expected, previous = off + _pad(n_bytes, align), name
+        if size > start_offs + expected:
+            extra = size - start_offs - expected
+            raise _Corrupt(f"{extra:,} bytes after the last tensor's data belong to no "
+                           "tensor (the tensor table and the file disagree: a changed "
+                           "type, shape or count?)")
+        self.tensors = []  # TensorInfo objects are built by GGUFFile from `table`
 
 
 @dataclass(frozen=True)
 class TensorInfo:
     """One tensor of the file, still in its on-disk block format.
 
-    `shape` is in GGML order: `shape[0]` is the contiguous (innermost) dimension, so a weight
-    matrix with `shape == (n_in, n_out)` holds `n_out` rows of `n_in` values each.
-    `data` is a read-only uint8 view of the memory-mapped bytes; nothing is copied.
+    `shape` is in GGML order: `shape[0]` is the contiguous (innermost) dimension, so a
+    weight matrix with `shape == (n_in, n_out)` holds `n_out` rows of `n_in` values
+    each.  `data` is a read-only uint8 view of the memory-mapped bytes; nothing is
+    copied.
     """
 
     name: str
@@ -174,12 +366,12 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        return int(np.prod(self.shape))
+        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def rows(self) -> int:
         """Number of rows (product of all dimensions but the innermost)."""
-        return self.n_elements // self.shape[0]
+        return self.n_elements // self.shape[0] if self.shape and self.shape[0] else 0
 
 
 class GGUFFile:
@@ -189,24 +381,26 @@ class GGUFFile:
         self.path = Path(path)
         _check_path(self.path)
         try:
-            self._reader = _FastArrayReader(self.path, "r")
+            self._reader = _CheckedReader(self.path)
         except _Truncated as e:
             raise ModelFileError(f"{self.path}: truncated GGUF file ({e})") from None
-        except struct.error:
-            raise ModelFileError(f"{self.path}: truncated GGUF file (its metadata runs past the end of the file)") from None
-        except (ValueError, KeyError, OverflowError, IndexError) as e:
+        except _Corrupt as e:
+            raise ModelFileError(f"{self.path}: corrupt GGUF file ({e})") from None
+        except (ValueError, KeyError, OverflowError, IndexError, struct.error) as e:
+            # The base class's own checks (it runs the walk): still a broken file.
             raise ModelFileError(f"{self.path}: corrupt GGUF file ({e})") from None
         self.size = self.path.stat().st_size
+        self.alignment = int(self._reader.alignment)
+        self.data_offset = int(self._reader.data_offset)
         self.fields = self._reader.fields
         self.tensors: dict[str, TensorInfo] = {}
-        for t in self._reader.tensors:
-            end = t.data_offset + t.n_bytes
-            raw = self._reader.data[t.data_offset:end]
+        data = self._reader.data
+        for t in self._reader.table:
             self.tensors[t.name] = TensorInfo(
-                name=t.name, ggml_type=GGMLQuantizationType(int(t.tensor_type)),
-                shape=tuple(int(d) for d in t.shape), n_bytes=int(t.n_bytes), data=raw)
+                name=t.name, ggml_type=t.ggml_type, shape=t.shape, n_bytes=t.n_bytes,
+                data=data[t.start:t.start + t.n_bytes])
 
-    # --- metadata -------------------------------------------------------------------------------
+    # --- metadata ---------------------------------------------------------------------
 
     def has(self, key: str) -> bool:
         return key in self.fields
@@ -221,11 +415,13 @@ class GGUFFile:
         field = self._field(key)
         if len(field.types) != 1 or field.types[0] not in allowed:
             got = "/".join(t.name for t in field.types)
-            raise MetadataError(f"{self.path}: metadata key {key!r} should be {what}, found {got}")
+            raise MetadataError(f"{self.path}: metadata key {key!r} should be {what}, "
+                                f"found {got}")
         return field.parts[-1][0]
 
-    def get_int(self, key: str, default: int | None = None, *, positive: bool = False) -> int:
-        """An integer key.  `positive=True` marks a structural count: zero means a broken file."""
+    def get_int(self, key: str, default: int | None = None, *,
+                positive: bool = False) -> int:
+        """An integer key.  `positive=True` marks a structural count: zero is broken."""
         if default is not None and key not in self.fields:
             return default
         value = int(self._scalar(key, _INT_TYPES, "an integer"))
@@ -238,7 +434,7 @@ class GGUFFile:
     def get_float(self, key: str, default: float | None = None) -> float:
         if default is not None and key not in self.fields:
             return default
-        return float(self._scalar(key, _FLOAT_TYPES | _INT_TYPES, "a number"))
+        return float(self._scalar(key, _FLOAT_TYPES, "a float"))
 
     def get_bool(self, key: str, default: bool | None = None) -> bool:
         if default is not None and key not in self.fields:
@@ -256,28 +452,31 @@ class GGUFFile:
     def get_array(self, key: str) -> np.ndarray:
         """A numeric array key as one numpy view (no per-element work)."""
         field = self._field(key)
-        if len(field.types) != 2 or field.types[0] != GGUFValueType.ARRAY or field.types[1] == GGUFValueType.STRING:
-            raise MetadataError(f"{self.path}: metadata key {key!r} should be a numeric array")
-        if len(field.data) != 1:  # the reference parser's per-element layout (nested arrays)
-            return np.array(field.contents())
+        if (len(field.types) != 2 or field.types[0] != GGUFValueType.ARRAY
+                or field.types[1] == GGUFValueType.STRING):
+            raise MetadataError(f"{self.path}: metadata key {key!r} should be a "
+                                "numeric array")
         return field.parts[field.data[0]]
 
     def get_strings(self, key: str) -> list[bytes]:
-        """A string-array key as a list of raw bytes, read in one pass over the mapped file."""
+        """A string-array key as a list of raw bytes, in one pass over the mapping."""
         field = self._field(key)
         parts = field.parts
         if not isinstance(parts, _LazyStringParts):
-            raise MetadataError(f"{self.path}: metadata key {key!r} should be an array of strings")
-        blob = bytes(self._reader.data[int(parts.starts[0]) if len(parts.starts) else 0:
-                                       int(parts.starts[-1] + parts.lengths[-1]) if len(parts.starts) else 0])
-        base = int(parts.starts[0]) if len(parts.starts) else 0
-        return [blob[s - base:s - base + n] for s, n in zip(parts.starts.tolist(), parts.lengths.tolist())]
+            raise MetadataError(f"{self.path}: metadata key {key!r} should be an array "
+                                "of strings")
+        if not len(parts.starts):
+            return []
+        base = int(parts.starts[0])
+        blob = bytes(self._reader.data[base:int(parts.starts[-1] + parts.lengths[-1])])
+        return [blob[s - base:s - base + n]
+                for s, n in zip(parts.starts.tolist(), parts.lengths.tolist())]
 
     @property
     def architecture(self) -> str:
         return self.get_str("general.architecture")
 
-    # --- tensors --------------------------------------------------------------------------------
+    # --- tensors ----------------------------------------------------------------------
 
     def tensor(self, name: str) -> TensorInfo:
         t = self.tensors.get(name)
@@ -286,26 +485,47 @@ class GGUFFile:
         return t
 
     def format_summary(self) -> dict[str, tuple[int, int]]:
-        """{block format name: (tensor count, bytes)} over all tensors, largest first."""
+        """{block format name: (tensor count, bytes)} over all tensors, largest first.
+        """
         out: dict[str, list[int]] = {}
         for t in self.tensors.values():
             entry = out.setdefault(t.type_name, [0, 0])
             entry[0] += 1
             entry[1] += t.n_bytes
-        return {k: (v[0], v[1]) for k, v in sorted(out.items(), key=lambda kv: -kv[1][1])}
+        ranked = sorted(out.items(), key=lambda kv: -kv[1][1])
+        return {k: (v[0], v[1]) for k, v in ranked}
 
 
 def _check_path(path: Path) -> None:
+    """The cheap checks, before anything is mapped: a file, the magic, a version.
+
+    The version is checked here rather than by `GGUFReader`, because the reference
+    reader would *accept* a byte-swapped (big-endian) file and parse it swapped; the
+    engine's kernels read little-endian blocks, so such a file could only compute
+    garbage.
+    """
     if not path.exists():
         raise ModelFileError(f"{path}: no such file")
     if path.is_dir():
         raise ModelFileError(f"{path}: is a directory, not a GGUF file")
-    with open(path, "rb") as f:
-        head = f.read(8)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot be read ({e.strerror})") from None
     if len(head) < 4 or head[:4] != GGUF_MAGIC:
-        raise ModelFileError(f"{path}: not a GGUF file (it does not start with the bytes 'GGUF')")
-    if len(head) < 8:
+        raise ModelFileError(f"{path}: not a GGUF file (it does not start with the "
+                             "bytes 'GGUF')")
+    if len(head) < 24:
         raise ModelFileError(f"{path}: truncated GGUF file (header incomplete)")
+    (version,) = struct.unpack_from("<I", head, 4)
+    if version & 0xFFFF == 0 and version:
+        raise ModelFileError(f"{path}: big-endian GGUF file (version field "
+                             f"{version:#x}); only little-endian files are supported")
+    if version not in SUPPORTED_VERSIONS:
+        known = " and ".join(map(str, SUPPORTED_VERSIONS))
+        raise ModelFileError(f"{path}: GGUF version {version} is not supported "
+                             f"(versions {known} are)")
 
 
 def open_gguf(path: str | os.PathLike) -> GGUFFile:
