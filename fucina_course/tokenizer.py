@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import codecs
 import logging
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Iterable, Sequence
@@ -42,6 +43,11 @@ from . import pretokenizer as pre_mod
 from .errors import TokenizerError
 
 log = logging.getLogger(__name__)
+
+# At most this many tokens (and merges): 2,097,152.  The largest real vocabularies are
+# ~262k; the cap bounds the memory a hostile file can make the tables take.
+MAX_VOCAB = 1 << 21
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
 class TokenType(IntEnum):
@@ -132,8 +138,19 @@ def decode_utf8_like_llama(data: bytes) -> str:
 class Tokenizer:
     """A byte-level BPE tokenizer.  Build it with `from_gguf` or `from_parts`.
 
-    Attributes hold what the GGUF holds: `tokens` (vocabulary strings as stored), `token_types`,
-    `merges` ("left right" strings, rank = index), the BOS/EOS ids and the add-BOS/EOS policy.
+    Attributes hold what the GGUF holds: `tokens` (vocabulary strings as stored),
+    `token_types`, `merges` ("left right" strings, rank = index), the BOS/EOS ids and
+    the add-BOS/EOS policy.
+
+    Construction validates the vocabulary, because a model file is untrusted input: a
+    malformed one fails here with a `TokenizerError` naming the entry (token types in
+    0-6 and as many as tokens; a BYTE token spelled `<0xHH>`; every merge two tokens of
+    the vocabulary separated by a space; BOS/EOS/EOT ids inside the vocabulary; at most
+    `MAX_VOCAB` tokens and merges), instead of a `ValueError` deep inside `encode` or
+    silently wrong ids.  Checked on the real vocabularies (Qwen2.5/Qwen3, SmolLM2):
+    every merge names two tokens, so the rule rejects no file llama.cpp tokenizes
+    right.  The checks ride on the loops that build the tables anyway (~2 dict lookups
+    per merge), so loading costs no measurable extra time.
     """
 
     tokens: list[str]
@@ -149,17 +166,20 @@ class Tokenizer:
     pre_mismatch: str | None = field(default=None, init=False)
 
     def __post_init__(self):
+        self._check_vocabulary()
         pre = pre_mod.for_gguf_name(self.pre_name)
         if pre is None:
-            # Honesty over silence: we keep going with Qwen2 rules, remember it, and say it once.
+            # Honesty over silence: go on with Qwen2 rules, remember it, say it once.
             self.pre_mismatch = self.pre_name
-            log.warning("pretokenizer %r is not implemented; using qwen2 rules (ids may differ "
-                        "from llama.cpp)", self.pre_name)
+            log.warning("pretokenizer %r is not implemented; using qwen2 rules (ids "
+                        "may differ from llama.cpp)", self.pre_name)
             pre = pre_mod.QWEN2
         self.pretokenizer = pre
         types = self.token_types
-        special = (types == TokenType.CONTROL) | (types == TokenType.USER_DEFINED) | (types == TokenType.UNKNOWN)
-        # Bytes each id stands for: stand-in strings for normal tokens, literal text for markers.
+        special = ((types == TokenType.CONTROL) | (types == TokenType.USER_DEFINED)
+                   | (types == TokenType.UNKNOWN))
+        # Bytes each id stands for: stand-in strings for normal tokens, literal text for
+        # markers.
         self.token_bytes: list[bytes] = []
         for tok, kind in zip(self.tokens, types.tolist()):
             if kind in (TokenType.CONTROL, TokenType.USER_DEFINED, TokenType.UNKNOWN):
@@ -167,74 +187,147 @@ class Tokenizer:
             elif kind in (TokenType.NORMAL, TokenType.UNDEFINED):
                 self.token_bytes.append(unmap_token_text(tok))
             elif kind == TokenType.BYTE:
-                self.token_bytes.append(bytes([int(tok[3:5], 16)]) if tok.startswith("<0x") else unmap_token_text(tok))
+                self.token_bytes.append(self._byte_token(tok))
             else:  # UNUSED padding entries spell nothing
                 self.token_bytes.append(b"")
-        # bytes -> id for BPE lookups; on a duplicate the later id wins, as in llama.cpp's map.
+        # bytes -> id for BPE lookups; on a duplicate the later id wins (llama.cpp).
+        pairs = zip(self.token_bytes, special.tolist())
         self.id_of: dict[bytes, int] = {
-            b: i for i, (b, is_special) in enumerate(zip(self.token_bytes, special.tolist())) if b and not is_special}
+            b: i for i, (b, is_special) in enumerate(pairs) if b and not is_special}
         self.byte_id = [self.id_of.get(bytes([b])) for b in range(256)]
         self.ranks: dict[tuple[bytes, bytes], int] = {}
+        id_of = self.id_of
         for rank, merge in enumerate(self.merges):
             space = merge.find(" ", 1)
             if space < 0:
-                continue
-            pair = (unmap_token_text(merge[:space]), unmap_token_text(merge[space + 1:]))
-            self.ranks.setdefault(pair, rank)
+                raise TokenizerError(f"merge #{rank} {merge[:40]!r} is not two tokens "
+                                     "separated by a space")
+            left = unmap_token_text(merge[:space])
+            right = unmap_token_text(merge[space + 1:])
+            if left not in id_of or right not in id_of:
+                raise TokenizerError(f"merge #{rank} {merge[:40]!r} names a token that "
+                                     "is not in the vocabulary")
+            self.ranks.setdefault((left, right), rank)
         # Markers, longest first (ties by id, for determinism).
-        order = sorted(np.flatnonzero(special).tolist(), key=lambda i: (-len(self.token_bytes[i]), i))
-        self.special_markers = [(self.token_bytes[i], i, int(types[i])) for i in order if self.token_bytes[i]]
+        order = sorted(np.flatnonzero(special).tolist(),
+                       key=lambda i: (-len(self.token_bytes[i]), i))
+        self.special_markers = [(self.token_bytes[i], i, int(types[i]))
+                                for i in order if self.token_bytes[i]]
         self._cache: dict[bytes, tuple[int, ...]] = {}
 
-    # --- construction ---------------------------------------------------------------------------
+    def _check_vocabulary(self) -> None:
+        """Counts, token types and special ids; normalises `token_types` to int32."""
+        n = len(self.tokens)
+        if n == 0:
+            raise TokenizerError("the vocabulary is empty")
+        if n > MAX_VOCAB or len(self.merges) > MAX_VOCAB:
+            raise TokenizerError(f"{n:,} tokens and {len(self.merges):,} merges: more "
+                                 f"than the {MAX_VOCAB:,} this engine accepts")
+        types = np.asarray(self.token_types)
+        if types.ndim != 1 or len(types) != n:
+            raise TokenizerError(f"{n:,} tokens but {types.size:,} token types")
+        if types.dtype.kind not in "iu":
+            raise TokenizerError(f"token types should be integers, are {types.dtype}")
+        bad = np.flatnonzero((types < 0) | (types > max(TokenType)))
+        if bad.size:
+            i = int(bad[0])
+            raise TokenizerError(f"token {i} ({self.tokens[i][:40]!r}) has type "
+                                 f"{int(types[i])}; token types are "
+                                 f"0-{int(max(TokenType))}")
+        self.token_types = types.astype(np.int32, copy=False)
+        named = [("BOS", self.bos_id), ("EOS", self.eos_id)]
+        named += [("end-of-turn", t) for t in self.eot_ids]
+        for what, tid in named:
+            if tid is not None and not 0 <= int(tid) < n:
+                raise TokenizerError(f"the {what} token id {tid} is outside the "
+                                     f"vocabulary ({n:,} tokens)")
+
+    def _byte_token(self, tok: str) -> bytes:
+        """The one byte a BYTE-typed token stands for: `<0xHH>` or one stand-in."""
+        m = _BYTE_TOKEN.fullmatch(tok)
+        if m:
+            return bytes([int(m.group(1), 16)])
+        raw = unmap_token_text(tok)
+        if tok.startswith("<0x") or len(raw) != 1:
+            kinds = self.token_types.tolist()
+            i = next(j for j, t in enumerate(self.tokens)
+                     if t == tok and kinds[j] == TokenType.BYTE)
+            raise TokenizerError(f"token {i} {tok[:40]!r} is typed BYTE but spells no "
+                                 "single byte (expected <0x00> ... <0xFF>)")
+        return raw
+
+    # --- construction -----------------------------------------------------------------
 
     @classmethod
     def from_gguf(cls, gguf) -> "Tokenizer":
-        """Build from an open `GGUFFile` (only the `tokenizer.*` keys are read; no weights)."""
+        """Build from an open `GGUFFile` (only the `tokenizer.*` keys; no weights)."""
         path = gguf.path
         if not gguf.has("tokenizer.ggml.tokens"):
-            raise TokenizerError(f"{path}: the file has no tokenizer (metadata key 'tokenizer.ggml.tokens' is missing)")
+            raise TokenizerError(f"{path}: the file has no tokenizer (metadata key "
+                                 "'tokenizer.ggml.tokens' is missing)")
         model = gguf.get_str("tokenizer.ggml.model", "")
         if model != "gpt2":
-            raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported (only byte-level BPE, 'gpt2')")
+            raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported "
+                                 "(only byte-level BPE, 'gpt2')")
         if not gguf.has("tokenizer.ggml.merges"):
-            raise TokenizerError(f"{path}: the BPE tokenizer has no merges ('tokenizer.ggml.merges' is missing)")
-        tokens = [t.decode("utf-8", errors="replace") for t in gguf.get_strings("tokenizer.ggml.tokens")]
-        merges = [m.decode("utf-8", errors="replace") for m in gguf.get_strings("tokenizer.ggml.merges")]
-        types = (np.asarray(gguf.get_array("tokenizer.ggml.token_type"), dtype=np.int32)
+            raise TokenizerError(f"{path}: the BPE tokenizer has no merges "
+                                 "('tokenizer.ggml.merges' is missing)")
+        tokens = [t.decode("utf-8", errors="replace")
+                  for t in gguf.get_strings("tokenizer.ggml.tokens")]
+        merges = [m.decode("utf-8", errors="replace")
+                  for m in gguf.get_strings("tokenizer.ggml.merges")]
+        types = (gguf.get_array("tokenizer.ggml.token_type")
                  if gguf.has("tokenizer.ggml.token_type") else None)
+
         def opt_id(key):
             return gguf.get_int(key) if gguf.has(key) else None
-        eot = [i for i in (opt_id("tokenizer.ggml.eos_token_id"), opt_id("tokenizer.ggml.eot_token_id")) if i is not None]
-        return cls.from_parts(
-            tokens, merges, types, pre=gguf.get_str("tokenizer.ggml.pre", "default"),
-            bos_id=opt_id("tokenizer.ggml.bos_token_id"), eos_id=opt_id("tokenizer.ggml.eos_token_id"),
-            add_bos=gguf.get_bool("tokenizer.ggml.add_bos_token", False) if gguf.has("tokenizer.ggml.add_bos_token") else None,
-            add_eos=gguf.get_bool("tokenizer.ggml.add_eos_token", False) if gguf.has("tokenizer.ggml.add_eos_token") else None,
-            chat_template=gguf.get_str("tokenizer.chat_template") if gguf.has("tokenizer.chat_template") else None,
-            eot_ids=tuple(dict.fromkeys(eot)))
+
+        def opt_bool(key):
+            return gguf.get_bool(key) if gguf.has(key) else None
+
+        eos = opt_id("tokenizer.ggml.eos_token_id")
+        eot = [i for i in (eos, opt_id("tokenizer.ggml.eot_token_id")) if i is not None]
+        template = (gguf.get_str("tokenizer.chat_template")
+                    if gguf.has("tokenizer.chat_template") else None)
+        try:
+            return cls.from_parts(
+                tokens, merges, types,
+                pre=gguf.get_str("tokenizer.ggml.pre", "default"),
+                bos_id=opt_id("tokenizer.ggml.bos_token_id"), eos_id=eos,
+                add_bos=opt_bool("tokenizer.ggml.add_bos_token"),
+                add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
+                chat_template=template, eot_ids=tuple(dict.fromkeys(eot)))
+        except TokenizerError as e:
+            raise TokenizerError(f"{path}: {e}") from None
 
     @classmethod
-    def from_parts(cls, tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int] | None = None,
-                   *, pre: str = "qwen2", bos_id: int | None = None, eos_id: int | None = None,
-                   add_bos: bool | None = None, add_eos: bool | None = None, chat_template: str | None = None,
+    def from_parts(cls, tokens: Sequence[str], merges: Sequence[str],
+                   token_types: Sequence[int] | None = None, *, pre: str = "qwen2",
+                   bos_id: int | None = None, eos_id: int | None = None,
+                   add_bos: bool | None = None, add_eos: bool | None = None,
+                   chat_template: str | None = None,
                    eot_ids: Iterable[int] = ()) -> "Tokenizer":
-        """Build from plain lists.  Without `token_types`, `<|...|>` entries are the control markers."""
+        """Build from plain lists.  Without `token_types`, `<|...|>` entries are the
+        control markers."""
         tokens = list(tokens)
         if token_types is None:
-            token_types = [TokenType.CONTROL if t.startswith("<|") and t.endswith("|>") and len(t) > 4
+            token_types = [TokenType.CONTROL
+                           if t.startswith("<|") and t.endswith("|>") and len(t) > 4
                            else TokenType.NORMAL for t in tokens]
-        types = np.asarray(token_types, dtype=np.int32)
-        if len(types) != len(tokens):
-            raise TokenizerError(f"{len(tokens)} tokens but {len(types)} token types")
+        # Not converted here: the range check must see the values as given (a 2^40
+        # would not fit int32, a uint32 2^32-1 would wrap to -1).
+        types = np.asarray(token_types)
+        if types.size == 0:
+            types = types.astype(np.int32)
         pre_rules = pre_mod.for_gguf_name(pre)
         if add_bos is None:  # llama.cpp's default: Llama 3 style vocabularies add BOS
             add_bos = pre_rules is not None and pre_rules.ignore_merges
-        return cls(tokens=tokens, merges=list(merges), token_types=types, pre_name=pre, bos_id=bos_id,
-                   eos_id=eos_id, add_bos=bool(add_bos), add_eos=bool(add_eos), chat_template=chat_template,
+        return cls(tokens=tokens, merges=list(merges), token_types=types, pre_name=pre,
+                   bos_id=bos_id, eos_id=eos_id, add_bos=bool(add_bos),
+                   add_eos=bool(add_eos), chat_template=chat_template,
                    eot_ids=tuple(eot_ids) or ((eos_id,) if eos_id is not None else ()))
 
-    # --- encoding -------------------------------------------------------------------------------
+    # --- encoding ---------------------------------------------------------------------
 
     @property
     def vocab_size(self) -> int:
@@ -334,7 +427,7 @@ class Tokenizer:
             else:  # a merge result missing from the vocabulary: spell it with byte tokens
                 yield from (self.byte_id[b] for b in p if self.byte_id[b] is not None)
 
-    # --- decoding -------------------------------------------------------------------------------
+    # --- decoding ---------------------------------------------------------------------
 
     def _check(self, tid: int) -> int:
         if not 0 <= tid < len(self.token_bytes):

@@ -194,3 +194,75 @@ def test_long_mixed_text_encodes_into_the_vocabulary(qwen):
     assert len(ids) > 10_000
     assert np.all(np.asarray(ids) < qwen.vocab_size)
     assert qwen.decode(ids) == text
+
+
+# --- a malformed vocabulary is a TokenizerError naming the entry ------------------------
+
+ABC = ["a", "b", "c", "ab"]
+
+
+def test_byte_tokens_must_spell_one_byte():
+    for spelling in ["<0x", "<0xG1>", "<0x41", "<0x4142>", "<0x>", "xy"]:
+        types = [TokenType.NORMAL] * 4 + [TokenType.BYTE]
+        with pytest.raises(TokenizerError, match="token 4 .* typed BYTE"):
+            Tokenizer.from_parts(ABC + [spelling], ["a b"], types)
+    tok = Tokenizer.from_parts(ABC + ["<0x41>", "Ċ"], ["a b"],
+                               [TokenType.NORMAL] * 4 + [TokenType.BYTE] * 2)
+    assert tok.token_to_bytes(4) == b"A" and tok.token_to_bytes(5) == b"\n"
+
+
+def test_merges_must_name_two_tokens_of_the_vocabulary():
+    with pytest.raises(TokenizerError, match="merge #1 'a z' names a token that is not"):
+        Tokenizer.from_parts(ABC, ["a b", "a z"], [TokenType.NORMAL] * 4)
+    with pytest.raises(TokenizerError, match="merge #0 'ab' is not two tokens"):
+        Tokenizer.from_parts(ABC, ["ab"], [TokenType.NORMAL] * 4)
+
+
+@pytest.mark.parametrize("types, match", [
+    ([1, 1, 1], "4 tokens but 3 token types"),
+    ([1, 1, 1, 1, 1], "4 tokens but 5 token types"),
+    ([1, 1, 7, 1], "token 2 \\('c'\\) has type 7; token types are 0-6"),
+    ([1, -1, 1, 1], "token 1 \\('b'\\) has type -1"),
+    ([1, 1, 1, 2**40], "token 3 \\('ab'\\) has type 1099511627776"),
+    (np.array([1, 1, 1, 2**32 - 1], dtype=np.uint32), "has type 4294967295"),
+    (np.array([1.0, 1.0, 1.0, 1.0]), "token types should be integers"),
+])
+def test_token_types_in_range_and_one_per_token(types, match):
+    with pytest.raises(TokenizerError, match=match):
+        Tokenizer.from_parts(ABC, ["a b"], types)
+
+
+@pytest.mark.parametrize("ids, match", [
+    (dict(bos_id=4), "BOS token id 4 is outside the vocabulary \\(4 tokens\\)"),
+    (dict(eos_id=-1), "EOS token id -1"),
+    (dict(eot_ids=(1, 2**32 - 1)), "end-of-turn token id 4294967295"),
+])
+def test_special_ids_inside_the_vocabulary(ids, match):
+    with pytest.raises(TokenizerError, match=match):
+        Tokenizer.from_parts(ABC, ["a b"], [TokenType.NORMAL] * 4, **ids)
+
+
+def test_empty_and_oversized_vocabularies():
+    with pytest.raises(TokenizerError, match="the vocabulary is empty"):
+        Tokenizer.from_parts([], [], [])
+    from fucina_course.tokenizer import MAX_VOCAB
+
+    with pytest.raises(TokenizerError, match="more than the 2,097,152"):
+        Tokenizer.from_parts(ABC, ["a b"] * (MAX_VOCAB + 1), [TokenType.NORMAL] * 4)
+
+
+def test_from_gguf_errors_name_the_file(tmp_path):
+    from gguf_fuzz import ARR, I32, KV, STR, U32, Doc, serialize
+
+    from fucina_course import GGUFFile
+
+    kvs = [KV(b"general.architecture", STR, b"qwen3"),
+           KV(b"tokenizer.ggml.model", STR, b"gpt2"),
+           KV(b"tokenizer.ggml.tokens", ARR, [t.encode() for t in ABC], STR),
+           KV(b"tokenizer.ggml.token_type", ARR, [1, 1, 1, 1], I32),
+           KV(b"tokenizer.ggml.merges", ARR, [b"a b"], STR),
+           KV(b"tokenizer.ggml.eos_token_id", U32, 9)]
+    path = tmp_path / "vocab.gguf"
+    path.write_bytes(serialize(Doc(3, kvs, [], 32, b""))[0])
+    with pytest.raises(TokenizerError, match=r"vocab\.gguf: the EOS token id 9 is outside"):
+        Tokenizer.from_gguf(GGUFFile(path))
