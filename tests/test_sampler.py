@@ -339,3 +339,48 @@ def test_qwen3_presets():
     assert (no.temperature, no.top_k, no.top_p, no.min_p) == (0.7, 20, 0.8, 0.0)
     assert SamplerConfig() == SamplerConfig(temperature=0.8, top_k=40, top_p=0.95,
                                             min_p=0.05, repeat_last_n=64)
+
+
+# --- the book's sampler widget, in a real browser ----------------------------------
+
+def test_sampler_widget_agrees_with_the_engine_and_redraws(tmp_path):
+    """The widget recomputes the pipeline in JavaScript: it must agree with the
+    engine (it checks itself on load) and a slider move must change the plot."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from pathlib import Path
+
+    chromium = Path("/usr/bin/chromium")
+    if not chromium.exists():
+        pytest.skip("no Chromium at /usr/bin/chromium")
+    from fucina_course.catalog import qwen3_tokenizer
+    from fucina_course.sampler_widget import sampler_explorer_html
+
+    tok = qwen3_tokenizer()
+    rng = np.random.default_rng(12)
+    x = (rng.standard_normal(tok.vocab_size) * 2).astype(np.float32)
+    history = np.argsort(-x)[:6].tolist()
+    page = tmp_path / "widget.html"
+    page.write_text("<html><body>" + sampler_explorer_html(tok, x, history)
+                    + "</body></html>", encoding="utf-8")
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(chromium), headless=True,
+                                     args=["--no-sandbox"])
+        try:
+            tab = browser.new_page()
+            errors = []
+            tab.on("console", lambda m: m.type == "error" and errors.append(m.text))
+            tab.on("pageerror", lambda e: errors.append(str(e)))
+            tab.goto(page.as_uri())
+            assert tab.get_attribute(".fucina-sampler-widget", "data-checked") == "ok"
+            before = tab.inner_html(".fw-rows"), tab.inner_text(".fw-summary")
+            for name, value in (("temperature", 1.8), ("repeat_penalty", 1.6),
+                                ("top_k", 3)):
+                move = "(e, v) => { e.value = v; e.dispatchEvent(new Event('input')); }"
+                tab.eval_on_selector(f"input[name={name}]", move, value)
+                after = tab.inner_html(".fw-rows"), tab.inner_text(".fw-summary")
+                assert after != before, name
+                before = after
+            assert "kept 3 of 256" in before[1]
+            assert not errors, errors
+        finally:
+            browser.close()
