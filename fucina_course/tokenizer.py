@@ -1,30 +1,35 @@
 """Byte-level BPE, built from the model file's own vocabulary and merge list.
 
-The model never sees text: it sees integers below `vocab_size`.  This module turns text into those
-integers and back, exactly as llama.cpp does for the same GGUF file (the tests compare id for id).
+The model never sees text: it sees integers below `vocab_size`.  This module turns
+text into those integers and back, exactly as llama.cpp does for the same GGUF file (the
+tests compare id for id).
 
 The pipeline of `encode`, in order:
 
-1. **Special markers.**  Tokens typed *control* or *user-defined* in `tokenizer.ggml.token_type`
-   (`<|im_start|>`, `<think>`, ...) are cut out of the text first, longest marker first, and become
-   one id each.  With `special=False` only the user-defined ones are cut (llama.cpp's rule: control
-   markers typed by a user are plain text).  A `<|` that opens no known marker is ordinary text.
-2. **Pretokenizer** (`pretokenizer.py`): each remaining fragment is split into word-like chunks.
-3. **BPE** on each chunk's UTF-8 bytes: start from single bytes and repeatedly fuse the adjacent
-   pair with the lowest merge rank (leftmost on ties) until no pair has a rank.
-4. **Lookup**: every surviving piece is a vocabulary entry; a piece that is not (only possible with
-   an inconsistent vocabulary) falls back to its single-byte tokens.
+1. **Special markers.**  Tokens typed *control* or *user-defined* in
+   `tokenizer.ggml.token_type` (`<|im_start|>`, `<think>`, ...) are cut out of the text
+   first, longest marker first, and become one id each.  With `special=False` only the
+   user-defined ones are cut (llama.cpp's rule: control markers typed by a user are
+   plain text).  A `<|` that opens no known marker is ordinary text.
+2. **Pretokenizer** (`pretokenizer.py`): each remaining fragment is split into
+   word-like chunks.
+3. **BPE** on each chunk's UTF-8 bytes: start from single bytes and repeatedly fuse the
+   adjacent pair with the lowest merge rank (leftmost on ties) until no pair has a rank.
+4. **Lookup**: every surviving piece is a vocabulary entry; a piece that is not (only
+   possible with an inconsistent vocabulary) falls back to its single-byte tokens.
 
-Why "byte-level": the atoms are the 256 byte values, so no input is ever unknown.  The vocabulary is
-stored as printable strings, so GPT-2 maps each byte to a printable stand-in code point (`bytes_to_unicode`;
-a space is `Ġ`).  We translate the vocabulary and the merges back to real bytes once, at load, and
-run BPE on bytes; the mapping is a bijection, so the result is the same as merging stand-in strings.
+Why "byte-level": the atoms are the 256 byte values, so no input is ever unknown.  The
+vocabulary is stored as printable strings, so GPT-2 maps each byte to a printable
+stand-in code point (`bytes_to_unicode`; a space is `Ġ`).  We translate the vocabulary
+and the merges back to real bytes once, at load, and run BPE on bytes; the mapping is a
+bijection, so the result is the same as merging stand-in strings.
 
-Malformed UTF-8 (only possible when `encode` is given `bytes`) is decoded the way llama.cpp decodes it:
-a byte that starts no valid sequence becomes U+FFFD, while overlong forms and surrogates are accepted
-as the code points they spell.  With that, ids match llama.cpp on malformed input too (tests pin ten
-such inputs).  The one difference: a four-byte form spelling a value above U+10FFFF (e.g. F4 90 80 80,
-F7 BF BF BF) makes llama.cpp throw `std::invalid_argument("invalid codepoint")` from inside
+Malformed UTF-8 (only possible when `encode` is given `bytes`) is decoded the way
+llama.cpp decodes it: a byte that starts no valid sequence becomes U+FFFD, while
+overlong forms and surrogates are accepted as the code points they spell.  With that,
+ids match llama.cpp on malformed input too (tests pin ten such inputs).  The one
+difference: a four-byte form spelling a value above U+10FFFF (e.g. F4 90 80 80, F7 BF
+BF BF) makes llama.cpp throw `std::invalid_argument("invalid codepoint")` from inside
 `llama_tokenize`, which aborts the whole process; we read it as one U+FFFD.
 """
 
@@ -84,20 +89,23 @@ def bytes_to_unicode() -> dict[int, str]:
 
 BYTE_TO_CHAR = bytes_to_unicode()
 CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
-# str.translate table: stand-in character -> the character with the byte's value (then latin-1 encode)
+# str.translate table: stand-in character -> the character with the byte's value (then
+# latin-1 encode)
 _UNMAP = {ord(c): b for c, b in CHAR_TO_BYTE.items()}
 
 
 def unmap_token_text(text: str) -> bytes:
     """A vocabulary string in GPT-2 stand-in characters -> the raw bytes it represents.
 
-    A character outside the map (never seen in a real byte-level vocabulary) is kept as its UTF-8.
+    A character outside the map (never seen in a real byte-level vocabulary) is kept as
+    its UTF-8.
     """
     translated = text.translate(_UNMAP)
     try:
         return translated.encode("latin-1")
     except UnicodeEncodeError:
-        return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE else c.encode("utf-8") for c in text)
+        return b"".join(bytes([CHAR_TO_BYTE[c]]) if c in CHAR_TO_BYTE
+                        else c.encode("utf-8") for c in text)
 
 
 def map_bytes(data: bytes) -> str:
@@ -108,9 +116,10 @@ def map_bytes(data: bytes) -> str:
 def decode_utf8_like_llama(data: bytes) -> str:
     """Decode bytes to code points the way llama.cpp's `unicode_cpts_from_utf8` does.
 
-    Valid UTF-8 takes the fast path.  Otherwise: a lead byte decides the length (0xxxxxxx 1,
-    110xxxxx 2, 1110xxxx 3, 11110xxx 4); if the continuation bytes are there the code point is taken
-    as spelled (overlong forms and surrogates included), else that one byte becomes U+FFFD.
+    Valid UTF-8 takes the fast path.  Otherwise: a lead byte decides the length
+    (0xxxxxxx 1, 110xxxxx 2, 1110xxxx 3, 11110xxx 4); if the continuation bytes are
+    there the code point is taken as spelled (overlong forms and surrogates included),
+    else that one byte becomes U+FFFD.
     """
     try:
         return data.decode("utf-8")
@@ -121,13 +130,15 @@ def decode_utf8_like_llama(data: bytes) -> str:
         b = data[i]
         if b < 0x80:
             out.append(b); i += 1; continue
-        length = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 0
+        length = (2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110
+                  else 4 if b >> 3 == 0b11110 else 0)
         cont = data[i + 1:i + length] if length else b""
         if length and len(cont) == length - 1 and all(c >> 6 == 0b10 for c in cont):
             cp = b & (0x7F >> length)
             for c in cont:
                 cp = (cp << 6) | (c & 0x3F)
-            out.append(cp if cp <= 0x10FFFF else 0xFFFD)  # llama.cpp aborts here (module docstring)
+            # llama.cpp aborts above U+10FFFF (module docstring)
+            out.append(cp if cp <= 0x10FFFF else 0xFFFD)
             i += length
         else:
             out.append(0xFFFD); i += 1
@@ -424,31 +435,34 @@ class Tokenizer:
             tid = self.id_of.get(p)
             if tid is not None:
                 yield tid
-            else:  # a merge result missing from the vocabulary: spell it with byte tokens
+            else:  # a merge result missing from the vocabulary: spell it in byte tokens
                 yield from (self.byte_id[b] for b in p if self.byte_id[b] is not None)
 
     # --- decoding ---------------------------------------------------------------------
 
     def _check(self, tid: int) -> int:
         if not 0 <= tid < len(self.token_bytes):
-            raise TokenizerError(f"token id {tid} is outside the vocabulary (size {len(self.token_bytes)})")
+            raise TokenizerError(f"token id {tid} is outside the vocabulary (size "
+                                 f"{len(self.token_bytes)})")
         return tid
 
     def token_to_bytes(self, tid: int) -> bytes:
         return self.token_bytes[self._check(int(tid))]
 
     def decode_bytes(self, ids: Iterable[int], *, skip_special: bool = False) -> bytes:
-        """Ids -> the exact bytes they spell (markers included unless `skip_special`)."""
-        types = self.token_types
+        """Ids -> the exact bytes they spell (markers too, unless `skip_special`)."""
+        types, hidden = self.token_types, (TokenType.CONTROL, TokenType.UNKNOWN)
         return b"".join(self.token_bytes[self._check(int(t))] for t in ids
-                        if not (skip_special and types[int(t)] in (TokenType.CONTROL, TokenType.UNKNOWN)))
+                        if not (skip_special and types[int(t)] in hidden))
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Ids -> text.  Bytes that are not valid UTF-8 show as U+FFFD."""
-        return self.decode_bytes(ids, skip_special=skip_special).decode("utf-8", errors="replace")
+        data = self.decode_bytes(ids, skip_special=skip_special)
+        return data.decode("utf-8", errors="replace")
 
     def is_special(self, tid: int) -> bool:
-        return int(self.token_types[self._check(int(tid))]) in (TokenType.CONTROL, TokenType.USER_DEFINED)
+        kind = int(self.token_types[self._check(int(tid))])
+        return kind in (TokenType.CONTROL, TokenType.USER_DEFINED)
 
     def token_id(self, text: str) -> int:
         """The id of a marker or vocabulary entry spelled `text` (e.g. '<|im_end|>')."""

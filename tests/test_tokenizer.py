@@ -1,5 +1,5 @@
-"""Behaviour of the tokenizer's pieces, pinned one rule at a time (parity with llama.cpp on whole
-strings lives in test_tokenizer_parity.py)."""
+"""Behaviour of the tokenizer's pieces, pinned one rule at a time (parity with llama.cpp
+on whole strings lives in test_tokenizer_parity.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import regex
 from conftest import tokenizer_for
 from fucina_course import Tokenizer, TokenizerError, TokenType
 from fucina_course import pretokenizer as pre
-from fucina_course.tokenizer import BYTE_TO_CHAR, CHAR_TO_BYTE, decode_utf8_like_llama, map_bytes, unmap_token_text
+from fucina_course.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, decode_utf8_like_llama,
+                                     map_bytes, unmap_token_text)
 from tokenizer_cases import random_strings
 
 
@@ -21,26 +22,27 @@ def qwen(qwen3_vocab_path):
     return tokenizer_for(qwen3_vocab_path)
 
 
-# --- the GPT-2 byte map ------------------------------------------------------------------------------
+# --- the GPT-2 byte map ---------------------------------------------------------------
 
 def test_byte_map_round_trips_all_256_bytes():
     assert len(set(BYTE_TO_CHAR.values())) == 256
     assert all(CHAR_TO_BYTE[BYTE_TO_CHAR[b]] == b for b in range(256))
-    assert BYTE_TO_CHAR[0x20] == "Ġ" and BYTE_TO_CHAR[0x0A] == "Ċ" and BYTE_TO_CHAR[ord("A")] == "A"
+    assert BYTE_TO_CHAR[0x20] == "Ġ" and BYTE_TO_CHAR[0x0A] == "Ċ"
+    assert BYTE_TO_CHAR[ord("A")] == "A"
     everything = bytes(range(256))
     assert unmap_token_text(map_bytes(everything)) == everything
 
 
-# --- the Qwen2 pretokenizer rules ---------------------------------------------------------------------
+# --- the Qwen2 pretokenizer rules -----------------------------------------------------
 
 @pytest.mark.parametrize("text,chunks", [
-    ("1234567", ["1", "2", "3", "4", "5", "6", "7"]),               # \p{N} has no quantifier
+    ("1234567", ["1", "2", "3", "4", "5", "6", "7"]),  # \p{N} has no quantifier
     ("3.14", ["3", ".", "1", "4"]),
-    ("١٢٣", ["١", "٢", "٣"]),                                       # Arabic-Indic digits are \p{N}
-    ("Hello!\n\nWorld", ["Hello", "!\n\n", "World"]),               # punctuation absorbs newlines
-    ("hello     world", ["hello", "    ", " world"]),               # the run donates its last space
-    ("I'LL go", ["I", "'LL", " go"]),                               # contractions in any case
-    ("l'\u017fa", ["l", "'\u017fa"]),                               # ...but ASCII-only folding
+    ("١٢٣", ["١", "٢", "٣"]),                          # Arabic-Indic digits are \p{N}
+    ("Hello!\n\nWorld", ["Hello", "!\n\n", "World"]),  # punctuation absorbs newlines
+    ("hello     world", ["hello", "    ", " world"]),  # the run donates its last space
+    ("I'LL go", ["I", "'LL", " go"]),                  # contractions in any case
+    ("l'\u017fa", ["l", "'\u017fa"]),                  # ...but ASCII-only folding
     ("a\r\n\r\nb", ["a", "\r\n\r\n", "b"]),
     ("x  \n  y", ["x", "  \n", " ", " y"]),
     ("I'll pay 42 euros!\n", ["I", "'ll", " pay", " ", "4", "2", " euros", "!\n"]),
@@ -56,18 +58,20 @@ def test_llama3_groups_digits_by_three_and_gpt2_takes_runs():
 
 
 def test_whitespace_is_unicode_white_space_not_python_isspace():
-    # 0x1C..0x1F are whitespace to Python's str.isspace, but not to llama.cpp (nor Unicode).
+    # 0x1C..0x1F are whitespace to Python's str.isspace, but not to llama.cpp (nor to
+    # Unicode).
     assert pre.QWEN2.split("a\x1c b") == ["a", "\x1c", " b"]
     assert pre.QWEN2.split("a\u3000\u3000b") == ["a", "\u3000", "\u3000b"]
 
 
-UPSTREAM_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+UPSTREAM_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def test_collapse_trick_agrees_with_an_independent_regex_engine():
-    """The upstream pattern, run by the `regex` module on the real text (no collapsing), gives the
-    same chunks, except where the two intentionally differ (0x1C-0x1F and U+017F, excluded here)."""
+    """The upstream pattern, run by the `regex` module on the real text (no collapsing),
+    gives the same chunks, except where the two intentionally differ (0x1C-0x1F and
+    U+017F, excluded here)."""
     rx = regex.compile(UPSTREAM_QWEN2)
     checked = 0
     for text in random_strings(3000, seed=99):
@@ -82,10 +86,11 @@ def test_collapse_keeps_length_and_classes():
     text = "aé日1١ \u3000😀"
     c = pre.collapse(text)
     assert len(c) == len(text)
-    assert c == "a" + pre.LETTER + pre.LETTER + "1" + pre.NUMBER + " " + pre.SPACE + pre.OTHER
+    assert c == ("a" + pre.LETTER + pre.LETTER + "1" + pre.NUMBER + " " + pre.SPACE
+                 + pre.OTHER)
 
 
-# --- special markers ---------------------------------------------------------------------------------
+# --- special markers ------------------------------------------------------------------
 
 def test_markers_are_single_ids(qwen):
     im_end = qwen.token_id("<|im_end|>")
@@ -105,21 +110,24 @@ def test_broken_markers_are_text(qwen):
 
 
 def test_without_token_types_angle_bar_entries_are_markers():
-    tok = Tokenizer.from_parts(["<|im_end|>", "h", "i", "hi", "<", "|"], ["h i"], pre="qwen2")
+    tok = Tokenizer.from_parts(["<|im_end|>", "h", "i", "hi", "<", "|"], ["h i"],
+                               pre="qwen2")
     assert tok.encode_raw("hi<|im_end|>") == [3, 0]
     assert tok.decode([3, 0]) == "hi<|im_end|>"
     assert tok.encode_raw("<|") == [4, 5]
 
 
 def test_merge_result_missing_from_vocab_falls_back_to_bytes():
-    tok = Tokenizer.from_parts(["a", "b", "c"], ["a b"], [TokenType.NORMAL] * 3, pre="qwen2")
+    tok = Tokenizer.from_parts(["a", "b", "c"], ["a b"], [TokenType.NORMAL] * 3,
+                               pre="qwen2")
     assert tok.bpe(b"abc") == [b"ab", b"c"]
     assert tok.encode_raw("abc") == [0, 1, 2]
 
 
 def test_bpe_merges_lowest_rank_first_leftmost_on_ties():
     toks = ["a", "b", "ab", "aa", "aaa"]
-    tok = Tokenizer.from_parts(toks, ["a b", "a a", "aa a"], [TokenType.NORMAL] * 5, pre="gpt2")
+    tok = Tokenizer.from_parts(toks, ["a b", "a a", "aa a"], [TokenType.NORMAL] * 5,
+                               pre="gpt2")
     assert tok.bpe(b"aab") == [b"a", b"ab"]       # "a b" (rank 0) beats "a a" (rank 1)
     # leftmost "a a" first; then the remaining "a a" (rank 1) beats "aa a" (rank 2)
     assert tok.bpe(b"aaaa") == [b"aa", b"aa"]
@@ -135,19 +143,22 @@ def test_unknown_pretokenizer_warns_once_and_uses_qwen2(caplog):
 
 
 def test_bos_policy():
-    qwen_like = Tokenizer.from_parts(["a", "<|endoftext|>"], [], pre="qwen2", bos_id=1, eos_id=1)
+    qwen_like = Tokenizer.from_parts(["a", "<|endoftext|>"], [], pre="qwen2", bos_id=1,
+                                     eos_id=1)
     assert qwen_like.encode("a") == [0]
-    llama3_like = Tokenizer.from_parts(["a", "<|begin_of_text|>"], [], pre="llama3", bos_id=1)
+    llama3_like = Tokenizer.from_parts(["a", "<|begin_of_text|>"], [], pre="llama3",
+                                       bos_id=1)
     assert llama3_like.add_bos and llama3_like.encode("a") == [1, 0]
     assert llama3_like.encode_raw("a") == [0]
 
 
-# --- decoding and streaming --------------------------------------------------------------------------
+# --- decoding and streaming -----------------------------------------------------------
 
 def test_stream_decoder_never_emits_half_a_character(qwen):
     text = "Party 🫠🪩 time 👨‍👩‍👧 ok"
     ids = qwen.encode_raw(text)
-    assert len(ids) > len(qwen.pretokenizer.split(text))  # some character spans several ids
+    # some character spans several ids
+    assert len(ids) > len(qwen.pretokenizer.split(text))
     naive = [qwen.decode([i]) for i in ids]
     assert any("\ufffd" in piece for piece in naive)       # the problem is real...
     stream = qwen.stream()
@@ -158,8 +169,8 @@ def test_stream_decoder_never_emits_half_a_character(qwen):
 
 def test_stream_flush_releases_an_incomplete_tail(qwen):
     ids = qwen.encode_raw("ok 🫠")
-    assert len(qwen.decode_bytes(ids[-1:])) < 4   # the emoji's 4 bytes span several ids
-    ids = ids[:-1]                                # so dropping the last one cuts it short
+    assert len(qwen.decode_bytes(ids[-1:])) < 4  # the emoji's 4 bytes span some ids
+    ids = ids[:-1]                               # so dropping the last cuts it short
     stream = qwen.stream()
     out = "".join(stream.push(i) for i in ids)
     assert out == "ok "
@@ -180,15 +191,17 @@ def test_skip_special(qwen):
 
 def test_lenient_utf8_decoding_matches_llama_rules():
     assert decode_utf8_like_llama(b"a\xffb") == "a\ufffdb"
-    assert decode_utf8_like_llama(b"\xc0\x80") == "\x00"            # overlong NUL accepted as U+0000
-    assert decode_utf8_like_llama(b"\xed\xa0\x80") == "\ud800"      # a surrogate, as spelled
-    assert decode_utf8_like_llama(b"\xe4\xb8") == "\ufffd\ufffd"    # truncated: one U+FFFD per byte
-    # beyond U+10FFFF: llama.cpp aborts the process (so no live comparison); we read one U+FFFD
+    assert decode_utf8_like_llama(b"\xc0\x80") == "\x00"  # overlong NUL: U+0000
+    assert decode_utf8_like_llama(b"\xed\xa0\x80") == "\ud800"  # a surrogate, as is
+    # cut short: one U+FFFD per byte
+    assert decode_utf8_like_llama(b"\xe4\xb8") == "\ufffd\ufffd"
+    # beyond U+10FFFF: llama.cpp aborts the process (so no live comparison); we read one
+    # U+FFFD
     assert decode_utf8_like_llama(b"a\xf4\x90\x80\x80b") == "a\ufffdb"
 
 
 def test_long_mixed_text_encodes_into_the_vocabulary(qwen):
-    """50k characters of mixed text in one call (speed is measured in bench/bench_tokenize.py)."""
+    """50k characters of mixed text in one call (speed: bench/bench_tokenize.py)."""
     text = " ".join(random_strings(2000, seed=5))
     ids = qwen.encode_raw(text)
     assert len(ids) > 10_000
@@ -196,7 +209,7 @@ def test_long_mixed_text_encodes_into_the_vocabulary(qwen):
     assert qwen.decode(ids) == text
 
 
-# --- a malformed vocabulary is a TokenizerError naming the entry ------------------------
+# --- a malformed vocabulary is a TokenizerError naming the entry ----------------------
 
 ABC = ["a", "b", "c", "ab"]
 
@@ -212,7 +225,7 @@ def test_byte_tokens_must_spell_one_byte():
 
 
 def test_merges_must_name_two_tokens_of_the_vocabulary():
-    with pytest.raises(TokenizerError, match="merge #1 'a z' names a token that is not"):
+    with pytest.raises(TokenizerError, match="merge #1 'a z' names a token that is"):
         Tokenizer.from_parts(ABC, ["a b", "a z"], [TokenType.NORMAL] * 4)
     with pytest.raises(TokenizerError, match="merge #0 'ab' is not two tokens"):
         Tokenizer.from_parts(ABC, ["ab"], [TokenType.NORMAL] * 4)
@@ -264,5 +277,5 @@ def test_from_gguf_errors_name_the_file(tmp_path):
            KV(b"tokenizer.ggml.eos_token_id", U32, 9)]
     path = tmp_path / "vocab.gguf"
     path.write_bytes(serialize(Doc(3, kvs, [], 32, b""))[0])
-    with pytest.raises(TokenizerError, match=r"vocab\.gguf: the EOS token id 9 is outside"):
+    with pytest.raises(TokenizerError, match=r"vocab\.gguf: the EOS token id 9 is out"):
         Tokenizer.from_gguf(GGUFFile(path))
