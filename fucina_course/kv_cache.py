@@ -1,28 +1,31 @@
-"""The KV cache: remember every past token's keys and values instead of recomputing them.
+"""The KV cache: remember every past token's keys and values instead of recomputing
+them.
 
-A token's K and V rows never change once computed: the causal mask stops later tokens from
-influencing them, and RoPE rotates a key by its own absolute position only.  So each layer
-keeps the K and V rows of every position seen so far, and a decode step computes projections
-for its one new token and attends over the stored prefix.
+A token's K and V rows never change once computed: the causal mask stops later tokens
+from influencing them, and RoPE rotates a key by its own absolute position only.  So
+each layer keeps the K and V rows of every position seen so far, and a decode step
+computes projections for its one new token and attends over the stored prefix.
 
-Layout.  Per layer, K and V are preallocated `[capacity, kv_heads, head_dim]` arrays, float16
-by default (llama.cpp's default cache type: half the bytes of float32, widened when read).  K
-is stored *after* RoPE, so past positions are never re-rotated.  The active prefix is rows
-`0 .. len-1`; nothing else is ever read.
+Layout.  Per layer, K and V are preallocated `[capacity, kv_heads, head_dim]` arrays,
+float16 by default (llama.cpp's default cache type: half the bytes of float32, widened
+when read).  K is stored *after* RoPE, so past positions are never re-rotated.  The
+active prefix is rows `0 .. len-1`; nothing else is ever read.
 
 Write contract (what makes a model port correct):
-1. `append_layer(layer, k, v)` writes the step's rows at `len` and does NOT advance: every
-   layer of the step appends at the same base offset.
+1. `append_layer(layer, k, v)` writes the step's rows at `len` and does NOT advance:
+   every layer of the step appends at the same base offset.
 2. `advance(n)` runs once per step, after the last layer.
-3. `truncate(keep)` rewinds: every reader and writer addresses rows through `len`, so lowering
-   `len` is the whole operation (stale rows beyond it are overwritten by the next append).
+3. `truncate(keep)` rewinds: every reader and writer addresses rows through `len`, so
+   lowering `len` is the whole operation (stale rows beyond it are overwritten by the
+   next append).
 
-q8_0 mode stores each (position, head) row as head_dim/32 blocks of 32 int8 values sharing
-one float16 scale (34 bytes per 32 values instead of 64): a capacity lever, not a speed lever
-(measured: docs/BENCHMARKS.md, "q8_0 KV cache").  It needs head_dim % 32 == 0, so a block
-never straddles two positions and `truncate` stays one line.  This module is the only place
-that writes that layout; readers get it through `read` (float32 copies, for prefill) or
-`layer_view` (the arrays themselves, for the decode kernel in attention.py).
+q8_0 mode stores each (position, head) row as head_dim/32 blocks of 32 int8 values
+sharing one float16 scale (34 bytes per 32 values instead of 64): a capacity lever, not
+a speed lever (measured: docs/BENCHMARKS.md, "q8_0 KV cache").  It needs head_dim % 32
+== 0, so a block never straddles two positions and `truncate` stays one line.  This
+module is the only place that writes that layout; readers get it through `read` (float32
+copies, for prefill) or `layer_view` (the arrays themselves, for the decode kernel in
+attention.py).
 """
 
 from __future__ import annotations
@@ -42,10 +45,10 @@ Q8_BLOCK = quant.block_geometry(T.Q8_0)[0]          # 32 values share one f16 sc
 class KvView(NamedTuple):
     """What the decode kernel reads of one layer, zero-copy.
 
-    f16 cache: `k`, `v` are the uint16 bit patterns `[capacity, kv_heads, head_dim]` and the
-    scales are None.  q8_0 cache: `k`, `v` are int8 `[capacity, kv_heads, head_dim]` and
-    `k_scale`, `v_scale` the f16 bits (uint16) `[capacity, kv_heads, head_dim / 32]`.
-    Positions `0 .. length-1` are valid."""
+    f16 cache: `k`, `v` are the uint16 bit patterns `[capacity, kv_heads, head_dim]` and
+    the scales are None.  q8_0 cache: `k`, `v` are int8 `[capacity, kv_heads, head_dim]`
+    and `k_scale`, `v_scale` the f16 bits (uint16) `[capacity, kv_heads, head_dim /
+    32]`. Positions `0 .. length-1` are valid."""
 
     k: np.ndarray
     v: np.ndarray
@@ -55,20 +58,21 @@ class KvView(NamedTuple):
 
 
 def quantize_q8_0_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """float32 `[..., d]` -> (int8 `[..., d]`, float16 scales `[..., d/32]`): ggml's q8_0 rule,
-    the very quantizer the matmul kernels use for activations (scale = max|x| / 127)."""
+    """float32 `[..., d]` -> (int8 `[..., d]`, float16 scales `[..., d/32]`): ggml's
+    q8_0 rule, the very quantizer the matmul kernels use for activations (scale = max|x|
+    / 127)."""
     qa = quant.quantize_activations(x.reshape(-1, x.shape[-1]), T.Q8_0)
     return qa.qi.reshape(x.shape), qa.d.astype(np.float16).reshape(*x.shape[:-1], -1)
 
 
 def dequantize_q8_0_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """The inverse of `quantize_q8_0_rows` (up to its rounding): float32 `[..., d]`."""
-    blocks = q.reshape(*q.shape[:-1], -1, Q8_BLOCK).astype(np.float32)  # [..., d/32, 32]
+    blocks = q.reshape(*q.shape[:-1], -1, Q8_BLOCK).astype(np.float32)  # [.., d/32, 32]
     return (blocks * scale.astype(np.float32)[..., None]).reshape(q.shape)
 
 
 class KvCache:
-    """Per-layer K/V storage for one sequence (the module docstring has the contract)."""
+    """Per-layer K/V storage of one sequence (the module docstring has the contract)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, capacity: int,
                  cache_type: str = "f16"):
@@ -89,15 +93,18 @@ class KvCache:
         def per_layer(shape, dtype):
             return [np.zeros(shape, dtype) for _ in range(num_layers)]
 
-        self.k = per_layer(rows, element)     # per layer [capacity, kv_heads, head_dim], RoPE'd
-        self.v = per_layer(rows, element)     # per layer [capacity, kv_heads, head_dim]
         quantized = cache_type == "q8_0"
-        self.k_scale = per_layer(blocks, np.float16) if quantized else None  # [cap, kvh, d/32]
+        # per layer: [capacity, kv_heads, head_dim] (K after RoPE), and for q8_0 the
+        # f16 scale of every 32 values, [capacity, kv_heads, head_dim / 32]
+        self.k = per_layer(rows, element)
+        self.v = per_layer(rows, element)
+        self.k_scale = per_layer(blocks, np.float16) if quantized else None
         self.v_scale = per_layer(blocks, np.float16) if quantized else None
 
     @classmethod
     def for_config(cls, config, capacity: int, cache_type: str = "f16") -> "KvCache":
-        return cls(config.num_layers, config.num_kv_heads, config.head_dim, capacity, cache_type)
+        return cls(config.num_layers, config.num_kv_heads, config.head_dim, capacity,
+                   cache_type)
 
     @property
     def remaining(self) -> int:
@@ -110,11 +117,11 @@ class KvCache:
 
     def check_room(self, n: int) -> None:
         if self.len + n > self.capacity:
-            raise KvCacheOverflow(f"KV cache overflow: {self.len} positions used + {n} new "
-                                  f"> capacity {self.capacity}")
+            raise KvCacheOverflow(f"KV cache overflow: {self.len} positions used + {n} "
+                                  f"new > capacity {self.capacity}")
 
     def append_layer(self, layer: int, k: np.ndarray, v: np.ndarray) -> None:
-        """Write `[n, kv_heads, head_dim]` rows at positions len .. len+n-1 (no advance)."""
+        """Write `[n, kv_heads, head_dim]` rows at len..len+n-1 (does not advance)."""
         n = k.shape[0]
         self.check_room(n)
         rows = slice(self.len, self.len + n)
@@ -126,14 +133,15 @@ class KvCache:
             self.v[layer][rows], self.v_scale[layer][rows] = quantize_q8_0_rows(v)
 
     def read(self, layer: int, upto: int) -> tuple[np.ndarray, np.ndarray]:
-        """K and V of positions 0 .. upto-1 as float32 `[upto, kv_heads, head_dim]` copies."""
+        """K, V of positions 0..upto-1: float32 copies `[upto, kv_heads, head_dim]`."""
         if self.k_scale is None:
-            return self.k[layer][:upto].astype(np.float32), self.v[layer][:upto].astype(np.float32)
+            return (self.k[layer][:upto].astype(np.float32),
+                    self.v[layer][:upto].astype(np.float32))
         return (dequantize_q8_0_rows(self.k[layer][:upto], self.k_scale[layer][:upto]),
                 dequantize_q8_0_rows(self.v[layer][:upto], self.v_scale[layer][:upto]))
 
     def layer_view(self, layer: int, upto: int) -> KvView:
-        """Layer `layer`'s storage as the decode kernel reads it (no copy; see `KvView`)."""
+        """Layer `layer`'s storage as the decode kernel reads it (no copy: `KvView`)."""
         if self.k_scale is None:
             return KvView(self.k[layer].view(np.uint16), self.v[layer].view(np.uint16),
                           None, None, upto)
@@ -146,6 +154,6 @@ class KvCache:
         self.len += n
 
     def truncate(self, keep: int) -> None:
-        """Rewind to the first `keep` positions (a no-op if the cache is already shorter)."""
+        """Rewind to the first `keep` positions (no-op if the cache holds fewer)."""
         if keep < self.len:
             self.len = max(0, keep)

@@ -1,4 +1,4 @@
-"""The transformer: embedding -> N x (attention block + FFN block) -> final norm -> lm_head.
+"""The transformer: embedding -> N x (attention + FFN block) -> final norm -> lm_head.
 
 Per layer, in code order (`attention_block`, `ffn_block`):
 
@@ -8,33 +8,34 @@ Per layer, in code order (`attention_block`, `ffn_block`):
     x = x + attention(q, K_cache + k, V_cache + v) Wo       # residual add
     h = rmsnorm(x) ; x = x + (silu(h Wgate) * h Wup) Wdown  # residual add
 
-Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block reads
-it through a norm and adds its contribution back.  Which switches apply is the family's record
-(families.py).
+Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block
+reads it through a norm and adds its contribution back.  Which switches apply is the
+family's record (families.py).
 
-One forward function serves every entry point; they differ in which rows they feed, which KV
-caches they read and write, and which logits they return:
+One forward function serves every entry point; they differ in which rows they feed,
+which KV caches they read and write, and which logits they return:
 
-| entry                     | input                         | cache          | returns            |
-|---------------------------|-------------------------------|----------------|--------------------|
-| `forward_step`            | n tokens at pos0              | one, len==pos0 | last logits        |
-| `forward_step_all_logits` | n tokens at pos0              | one            | logits of all n    |
-| `forward_last_logits`     | a whole sequence              | scratch        | last logits        |
-| `forward_all_logits`      | a whole sequence              | scratch        | logits of all n    |
-| `forward_step_batch`      | one token per stream, N       | N caches       | `[N, vocab]`       |
+| entry                     | input                | cache        | returns         |
+|---------------------------|----------------------|--------------|-----------------|
+| `forward_step`            | n tokens at pos0     | one, len==p0 | last logits     |
+| `forward_step_all_logits` | n tokens at pos0     | one          | logits of all n |
+| `forward_last_logits`     | a whole sequence     | scratch      | last logits     |
+| `forward_all_logits`      | a whole sequence     | scratch      | logits of all n |
+| `forward_step_batch`      | 1 token per stream   | N caches     | `[N, vocab]`    |
 
 `per_row=True` computes every row exactly as a one-token decode step would (the decode
-kernels, one row at a time): slower for long prompts, but bit-identical to decode.  That is
-the cache oracle's like-for-like comparison (`fucina verify-cache`): with it, cached and
-uncached logits differ only by the cache's own rounding.  Without it, prefill takes the
-fastest kernels for its shape and differs from decode in the last bits, which quantized
-activations amplify (llama.cpp's prefill and decode differ the same way).
+kernels, one row at a time): slower for long prompts, but bit-identical to decode.  That
+is the cache oracle's like-for-like comparison (oracles.py, `fucina verify-cache`).
+Without it, prefill takes the fastest kernels for its shape and differs from decode in
+the last bits, which quantized activations amplify (llama.cpp's prefill and decode
+differ the same way).
 
-Where the time goes (bench/profile_step.py; tables in docs/BENCHMARKS.md): a decode step is
-~90% matrix x vector products that stream every weight byte once (Qwen3-0.6B geometry, Q8_0:
-604 MiB per token, ~53 ms at ~12 GB/s); prefill multiplies matrices by `[n, hidden]` rows and
-is compute bound (the FFN alone ~half of a 256-token prefill, attention ~15-20%).
-`Model.profile` (a dict, off by default) accumulates seconds per block to show it.
+Where the time goes (bench/profile_step.py; tables in docs/BENCHMARKS.md): a decode step
+is ~90% matrix x vector products that stream every weight byte once (Qwen3-0.6B
+geometry, Q8_0: 604 MiB per token, ~53 ms at ~12 GB/s); prefill multiplies matrices by
+`[n, hidden]` rows and is compute bound (the FFN alone ~half of a 256-token prefill,
+attention ~15-20%).  `Model.profile` (a dict, off by default) accumulates seconds per
+block to show it.
 """
 
 from __future__ import annotations
@@ -57,60 +58,61 @@ from .weights import FusedLinear, LinearWeight, WeightReader
 
 @dataclass
 class Layer:
-    """One transformer block's weights, GGUF tensors `blk.{i}.*` (matrices as [out, in])."""
+    """One block's weights, GGUF tensors `blk.{i}.*`; matrices are [out, in]."""
 
-    attn_norm: np.ndarray          # [hidden]
-    qkv: FusedLinear               # Wq [heads*head_dim, hidden]; Wk, Wv [kv_heads*head_dim, hidden]
-    q_norm: np.ndarray | None      # [head_dim] (qwen3 only)
-    k_norm: np.ndarray | None      # [head_dim] (qwen3 only)
-    attn_out: LinearWeight         # Wo [hidden, heads*head_dim]
-    ffn_norm: np.ndarray           # [hidden]
-    gate_up: FusedLinear           # Wgate, Wup [ffn, hidden]
-    down: LinearWeight             # Wdown [hidden, ffn]
+    attn_norm: np.ndarray        # [hidden]
+    qkv: FusedLinear             # Wq [H*D, hidden]; Wk, Wv [KVH*D, hidden]
+    q_norm: np.ndarray | None    # [D] (qwen3 only)
+    k_norm: np.ndarray | None    # [D] (qwen3 only)
+    attn_out: LinearWeight       # Wo [hidden, H*D]
+    ffn_norm: np.ndarray         # [hidden]
+    gate_up: FusedLinear         # Wgate, Wup [ffn, hidden]
+    down: LinearWeight           # Wdown [hidden, ffn]
 
 
 @dataclass
 class Step:
     """What one forward call needs besides the weights."""
 
-    segments: list[Segment]        # which rows are which sequence, with its cache
-    cos: np.ndarray                # [n, head_dim/2] RoPE angles of each row's position
-    sin: np.ndarray                # [n, head_dim/2]
-    per_row: bool = False          # compute each row exactly as a decode step would
+    segments: list[Segment]      # which rows are which sequence, with its cache
+    cos: np.ndarray              # [n, D/2] RoPE angles of each row's position
+    sin: np.ndarray              # [n, D/2]
+    per_row: bool = False        # compute each row exactly as a decode step would
 
     @property
     def path(self) -> str:
-        """How matrices meet several rows: the decode kernels' numerics, or the fastest."""
+        """How a matrix meets several rows: as decode would, or the fastest way."""
         return "rows" if self.per_row else "auto"
 
 
 def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
     """x `[n, hidden]` -> the attention block's contribution `[n, hidden]`."""
     n, H, KVH, D = len(x), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)                    # [n, hidden]
-    q, k, v = layer.qkv(h, step.path)                                     # [n, H*D], [n, KVH*D]
+    h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)          # [n, hidden]
+    q, k, v = layer.qkv(h, step.path)                           # [n, H*D], [n, KVH*D]
     q, k, v = q.reshape(n, H, D), k.reshape(n, KVH, D), v.reshape(n, KVH, D)
-    if layer.q_norm is not None:
-        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)                   # per head: [n, H, D]
-        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)                   # [n, KVH, D]
-    q = apply_rope(q, step.cos, step.sin, cfg.rope_style)                 # values: no RoPE
+    if layer.q_norm is not None:                                # per head
+        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)         # [n, H, D]
+        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)         # [n, KVH, D]
+    q = apply_rope(q, step.cos, step.sin, cfg.rope_style)       # (values: no RoPE)
     k = apply_rope(k, step.cos, step.sin, cfg.rope_style)
-    out = attend(q, k, v, step.segments, index, 1.0 / np.sqrt(D), step.per_row)  # [n, H*D]
-    return layer.attn_out(out, step.path)                                 # [n, hidden]
+    scale = 1.0 / np.sqrt(D)
+    out = attend(q, k, v, step.segments, index, scale, step.per_row)  # [n, H*D]
+    return layer.attn_out(out, step.path)                       # [n, hidden]
 
 
 def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
     """x `[n, hidden]` -> the SwiGLU feed-forward block's contribution `[n, hidden]`."""
-    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)                     # [n, hidden]
-    gate, up = layer.gate_up(h, step.path)                                # [n, ffn] each
-    return layer.down(swiglu(gate, up), step.path)                        # [n, hidden]
+    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)           # [n, hidden]
+    gate, up = layer.gate_up(h, step.path)                      # [n, ffn] each
+    return layer.down(swiglu(gate, up), step.path)              # [n, hidden]
 
 
 def load_layer(w: WeightReader, cfg: Config, i: int) -> Layer:
     """Layer i's weights, every shape checked against the config."""
     fam, b = cfg.family, f"blk.{i}."
-    h, qd, kvd, ffn, D = (cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size,
-                          cfg.head_dim)
+    h, D, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    qd, kvd = cfg.q_dim, cfg.kv_dim
     return Layer(
         attn_norm=w.vector(b + "attn_norm.weight", h),
         qkv=FusedLinear([w.linear(b + "attn_q", qd, h, bias=fam.qkv_bias),
@@ -120,22 +122,24 @@ def load_layer(w: WeightReader, cfg: Config, i: int) -> Layer:
         k_norm=w.vector(b + "attn_k_norm.weight", D) if fam.qk_norm else None,
         attn_out=w.linear(b + "attn_output", h, qd),
         ffn_norm=w.vector(b + "ffn_norm.weight", h),
-        gate_up=FusedLinear([w.linear(b + "ffn_gate", ffn, h), w.linear(b + "ffn_up", ffn, h)]),
+        gate_up=FusedLinear([w.linear(b + "ffn_gate", ffn, h),
+                             w.linear(b + "ffn_up", ffn, h)]),
         down=w.linear(b + "ffn_down", h, ffn),
     )
 
 
 class Model:
-    def __init__(self, gguf: GGUFFile, config: Config, tokenizer, embedding: LinearWeight,
-                 layers: list[Layer], output_norm: np.ndarray, output: LinearWeight):
+    def __init__(self, gguf: GGUFFile, config: Config, tokenizer,
+                 embedding: LinearWeight, layers: list[Layer], output_norm: np.ndarray,
+                 output: LinearWeight):
         self.gguf, self.config, self.tokenizer = gguf, config, tokenizer
-        self.embedding = embedding          # [vocab, hidden]: one row per token id
+        self.embedding = embedding      # [vocab, hidden]: one row per token id
         self.layers = layers
-        self.output_norm = output_norm      # [hidden]
-        self.output = output                # lm_head [vocab, hidden] (maybe `embedding` itself)
+        self.output_norm = output_norm  # [hidden]
+        self.output = output            # lm_head [vocab, hidden] (maybe the embedding)
         self.profile: dict[str, float] | None = None
 
-    # --- loading ------------------------------------------------------------------------------
+    # --- loading ----------------------------------------------------------------------
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: int | None = None) -> "Model":
@@ -149,14 +153,15 @@ class Model:
         gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
         if cfg.family.moe:
-            raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) are not "
-                              "supported by this engine yet")
-        tokenizer = Tokenizer.from_gguf(gguf) if gguf.has("tokenizer.ggml.tokens") else None
+            raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) "
+                              "are not supported by this engine yet")
+        has_vocab = gguf.has("tokenizer.ggml.tokens")
+        tokenizer = Tokenizer.from_gguf(gguf) if has_vocab else None
         w = WeightReader(gguf)
         embedding = w.linear("token_embd", cfg.vocab_size, cfg.hidden_size)
-        # Tied output: without output.weight the embedding table is the lm_head (same object).
-        output = (w.linear("output", cfg.vocab_size, cfg.hidden_size) if w.has("output")
-                  else embedding)
+        # Tied: without output.weight the embedding is the lm_head (the same object).
+        output = (w.linear("output", cfg.vocab_size, cfg.hidden_size)
+                  if w.has("output") else embedding)
         layers = [load_layer(w, cfg, i) for i in range(cfg.num_layers)]
         output_norm = w.vector("output_norm.weight", cfg.hidden_size)
         return cls(gguf, cfg, tokenizer, embedding, layers, output_norm, output)
@@ -165,19 +170,20 @@ class Model:
     def path(self) -> Path:
         return self.gguf.path
 
-    def new_cache(self, capacity: int | None = None, cache_type: str = "f16") -> KvCache:
-        """A KV cache for one sequence (default capacity: min(context length, 4096))."""
+    def new_cache(self, capacity: int | None = None,
+                  cache_type: str = "f16") -> KvCache:
+        """A KV cache for one sequence (default capacity: min(context, 4096))."""
         capacity = capacity or min(self.config.context_length, 4096)
         return KvCache.for_config(self.config, capacity, cache_type)
 
-    # --- entry points -------------------------------------------------------------------------
+    # --- entry points -----------------------------------------------------------------
 
     def forward_step(self, ids, pos0: int, cache: KvCache, *,
                      per_row: bool = False) -> np.ndarray:
-        """Run `ids` at positions pos0.. through the model, appending to `cache`: `[vocab]`.
+        """Run `ids` at positions pos0.. appending to `cache`; last logits `[vocab]`.
 
-        With a fresh cache and pos0 == 0 this is prefill, and the result equals
-        `forward_last_logits(ids)` (the cacheless oracle) up to the cache's rounding of K/V.
+        With a fresh cache and pos0 == 0 this is prefill, and the result equals the
+        cacheless `forward_last_logits(ids)`.
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
@@ -187,8 +193,8 @@ class Model:
                                 per_row: bool = False) -> np.ndarray:
         """Like `forward_step`, but logits for every appended position: `[n, vocab]`.
 
-        The verify step of speculative decoding: n positions checked for about the weight
-        traffic of one step.
+        The verify step of speculative decoding: n positions checked for about the
+        weight traffic of one step.
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
@@ -196,19 +202,19 @@ class Model:
 
     def forward_last_logits(self, ids, *, per_row: bool = False,
                             cache_type: str = "f16") -> np.ndarray:
-        """Cacheless: the whole sequence from scratch; last position's logits `[vocab]`."""
+        """Cacheless: the whole sequence from scratch; last logits `[vocab]`."""
         return self._from_scratch(ids, per_row, cache_type, last_only=True)[0]
 
     def forward_all_logits(self, ids, *, per_row: bool = False,
                            cache_type: str = "f16") -> np.ndarray:
-        """Cacheless, every position's logits `[n, vocab]`: row p depends on ids[:p+1] only
-        (the causal mask), so one pass is the oracle of a whole generation."""
+        """Cacheless, every position's logits `[n, vocab]`: row p depends on ids[:p+1]
+        only (the causal mask), so one pass is the oracle of a whole generation."""
         return self._from_scratch(ids, per_row, cache_type, last_only=False)
 
     def _from_scratch(self, ids, per_row: bool, cache_type: str, last_only: bool):
-        """One pass over a whole sequence, remembering nothing from earlier calls.  Its keys
-        and values still pass through a scratch cache of `cache_type`, so they are rounded
-        exactly as a cache rounds them (llama.cpp's batch evaluation does the same)."""
+        """One pass over a whole sequence, remembering nothing from earlier calls.  Its
+        keys and values still pass through a scratch cache of `cache_type`, so they are
+        rounded exactly as a cache rounds them (as in llama.cpp's batch evaluation)."""
         ids = self._ids(ids)
         scratch = KvCache.for_config(self.config, len(ids), cache_type)
         segment = Segment(0, len(ids), 0, scratch)
@@ -231,8 +237,8 @@ class Model:
                  cache: KvCache | None = None, on_token=None) -> list[int]:
         """Greedy generation: prefill the prompt, then argmax one token at a time.
 
-        Stops after `max_new_tokens`, at a stop id (default: the tokenizer's end-of-turn ids;
-        the stop token is included in the result), or when the cache is full.
+        Stops after `max_new_tokens`, at a stop id (default: the tokenizer's end-of-turn
+        ids; the stop token is included in the result), or when the cache is full.
         """
         prompt_ids = list(prompt_ids)
         if stop_ids is None:
@@ -253,7 +259,7 @@ class Model:
                 return out
             logits = self.forward_step([nxt], cache.len, cache)
 
-    # --- the forward pass ---------------------------------------------------------------------
+    # --- the forward pass -------------------------------------------------------------
 
     def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
                  per_row: bool = False) -> np.ndarray:
@@ -262,22 +268,22 @@ class Model:
                                     for s in segments])
         cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
         step = Step(segments, cos, sin, per_row)
-        x = self._stage("embedding", self.embedding.rows, ids)             # [n, hidden]
+        x = self._stage("embedding", self.embedding.rows, ids)       # [n, hidden]
         for i, layer in enumerate(self.layers):
             x = x + self._stage("attention", attention_block, layer, x, cfg, step, i)
             if last_only and i == last:
-                x = x[-1:]  # only the last row reaches the logits: skip the others' FFN
+                x = x[-1:]  # only the last row reaches the logits: skip others' FFN
             x = x + self._stage("ffn", ffn_block, layer, x, cfg, step)
         for s in segments:
             s.cache.advance(s.stop - s.start)
-        return self._stage("lm_head", self._logits, x, step)               # [rows, vocab]
+        return self._stage("lm_head", self._logits, x, step)         # [rows, vocab]
 
     def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
-        h = rms_norm(x, self.output_norm, self.config.rms_norm_eps)        # [rows, hidden]
-        return self.output(h, step.path)                                   # [rows, vocab]
+        h = rms_norm(x, self.output_norm, self.config.rms_norm_eps)  # [rows, hidden]
+        return self.output(h, step.path)                             # [rows, vocab]
 
     def _stage(self, name: str, fn, *args):
-        """fn(*args), its wall time added to `self.profile[name]` when profiling is on."""
+        """fn(*args), its wall time added to `self.profile[name]` when profiling."""
         if self.profile is None:
             return fn(*args)
         start = time.perf_counter()
@@ -305,7 +311,7 @@ class Model:
 
 
 def set_threads(threads: int) -> None:
-    """Worker threads for the numba kernels (BLAS reads OPENBLAS_NUM_THREADS at import)."""
+    """Threads for the numba kernels (BLAS reads OPENBLAS_NUM_THREADS at import)."""
     import numba
 
     numba.set_num_threads(max(1, min(int(threads), numba.config.NUMBA_NUM_THREADS)))

@@ -1,24 +1,26 @@
-"""Weight matrices as the model sees them: `y = x @ W.T (+ b)` and embedding row lookups.
+"""Weight matrices as the model sees them: `y = x @ W.T (+ b)` and embedding row
+lookups.
 
-A `LinearWeight` wraps one GGUF tensor *in its own block format*: the bytes stay memory-mapped
-and the `quant` kernels decode them on the fly, so loading a model costs no more memory than
-mapping its file.  On top of that:
+A `LinearWeight` wraps one GGUF tensor *in its own block format*: the bytes stay
+memory-mapped and the `quant` kernels decode them on the fly, so loading a model costs
+no more memory than mapping its file.  On top of that:
 
-* **Embedding rows.**  `rows(ids)` dequantizes only the rows asked for (a prompt's tokens),
-  never the whole 151,936-row table.
+* **Embedding rows.**  `rows(ids)` dequantizes only the rows asked for (a prompt's
+  tokens), never the whole 151,936-row table.
 * **Tied output.**  Many small models reuse the embedding table as the output projection
   (lm_head); `Model.load` then hands the *same* `LinearWeight` to both roles: no copy.
 * **Fused projections.**  q/k/v (and the FFN's gate/up) read the same input.  When their
   formats match, `FusedLinear` treats them as one `[sum n_out, n_in]` matrix
-  (`quant.MultiMatrix`): the activations are quantized once and every part's kernel writes its
-  slice of one output, with no weight bytes copied.  When formats differ (the Qwen2.5-Coder
-  file stores q/k in Q5_0 and v in Q8_0) it falls back to one call per part.
-* **Checked shapes.**  `WeightReader` fetches a model's tensors by name and checks each shape
-  against the config: a mismatch is a broken or foreign file, named in the error.
+  (`quant.MultiMatrix`): the activations are quantized once and every part's kernel
+  writes its slice of one output, with no weight bytes copied.  When formats differ (the
+  Qwen2.5-Coder file stores q/k in Q5_0 and v in Q8_0) it falls back to one call per
+  part.
+* **Checked shapes.**  `WeightReader` fetches a model's tensors by name and checks each
+  shape against the config: a mismatch is a broken or foreign file, named in the error.
 
-`path` chooses how a matrix meets several activation rows (`quant.matmul`): "auto" (fastest
-for the row count) or "rows", which computes every row with the decode kernels' numerics
-(the cache oracle uses it: kv_cache.py, `Model.forward_last_logits`).
+`path` chooses how a matrix meets several activation rows (`quant.matmul`): "auto"
+(fastest for the row count) or "rows", which computes every row with the decode kernels'
+numerics (the cache oracle uses it: kv_cache.py, `Model.forward_last_logits`).
 """
 
 from __future__ import annotations
@@ -31,16 +33,18 @@ from .gguf_file import GGUFFile, TensorInfo
 
 
 class LinearWeight:
-    """One `[n_out, n_in]` weight matrix (+ optional float32 bias) in its GGUF block format."""
+    """An `[n_out, n_in]` weight matrix (+ float32 bias) in its GGUF block format."""
 
     def __init__(self, info: TensorInfo, bias: np.ndarray | None = None):
         quant.check_supported(info.ggml_type, info.name)
         if len(info.shape) != 2:
-            raise ShapeMismatch(f"tensor {info.name!r} should be 2-D, has shape {info.shape}")
+            raise ShapeMismatch(f"tensor {info.name!r} should be 2-D, "
+                                f"has shape {info.shape}")
         self.info = info
         self.n_in, self.n_out = info.shape
         self.matrix = quant.QuantMatrix.from_tensor(info)
-        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.bias = (None if bias is None
+                     else np.ascontiguousarray(bias, dtype=np.float32))
 
     @property
     def name(self) -> str:
@@ -55,10 +59,11 @@ class LinearWeight:
         return self.info.n_bytes
 
     def expect(self, n_out: int, n_in: int) -> "LinearWeight":
-        """Check the shape against the config; a mismatch means a broken or foreign file."""
+        """Check the shape against the config (else: a broken or foreign file)."""
         if (self.n_out, self.n_in) != (n_out, n_in):
-            raise ShapeMismatch(f"tensor {self.name!r} has shape [{self.n_out}, {self.n_in}] "
-                                f"but the config implies [{n_out}, {n_in}]")
+            raise ShapeMismatch(f"tensor {self.name!r} has shape "
+                                f"[{self.n_out}, {self.n_in}] but the config implies "
+                                f"[{n_out}, {n_in}]")
         return self
 
     def __call__(self, x: np.ndarray, path: str = "auto") -> np.ndarray:
@@ -69,41 +74,45 @@ class LinearWeight:
         return y
 
     def rows(self, ids) -> np.ndarray:
-        """Dequantize rows `ids` only (the embedding lookup): `[len(ids), n_in]` float32."""
+        """Dequantize rows `ids` only (embedding lookup): float32 `[len(ids), n_in]`."""
         ids = np.asarray(ids, dtype=np.int64)
-        return quant.dequantize_rows(self.info.data, self.info.ggml_type, self.n_in, ids)
+        info = self.info
+        return quant.dequantize_rows(info.data, info.ggml_type, self.n_in, ids)
 
 
 class FusedLinear:
-    """Several projections of the same input, run as one kernel call when their formats match."""
+    """Projections of the same input, one kernel call when their formats match."""
 
     def __init__(self, parts: list[LinearWeight]):
         self.parts = parts
         self.splits = np.cumsum([p.n_out for p in parts])[:-1].tolist()
         same = len({(p.info.ggml_type, p.n_in) for p in parts}) == 1
         self.fused = quant.MultiMatrix([p.matrix for p in parts]) if same else None
-        biases = [p.bias if p.bias is not None else np.zeros(p.n_out, np.float32) for p in parts]
-        self.bias = np.concatenate(biases) if any(p.bias is not None for p in parts) else None
+        self.bias = None
+        if any(p.bias is not None for p in parts):
+            zeros = [np.zeros(p.n_out, np.float32) for p in parts]
+            self.bias = np.concatenate([p.bias if p.bias is not None else z
+                                        for p, z in zip(parts, zeros)])
 
     def __call__(self, x: np.ndarray, path: str = "auto") -> list[np.ndarray]:
         """x `[n, n_in]` -> one `[n, n_out_i]` array per part."""
         if self.fused is None:
             return [p(x, path) for p in self.parts]
-        y = _multiply(self.fused, x, path)                                  # [n, sum n_out]
+        y = _multiply(self.fused, x, path)                          # [n, sum n_out]
         if self.bias is not None:
             y += self.bias
         return np.split(y, self.splits, axis=1)
 
 
 def _multiply(matrix, x: np.ndarray, path: str) -> np.ndarray:
-    """x `[n, n_in]` @ W.T: matrix x vector for one row (decode), matrix x matrix otherwise."""
+    """x `[n, n_in]` @ W.T: matrix x vector for one row (decode), else matmul."""
     if x.shape[0] == 1:
         return quant.matvec(matrix, x[0])[None, :]                          # [1, n_out]
     return quant.matmul(matrix, x, path=path)                               # [n, n_out]
 
 
 class WeightReader:
-    """A model's tensors by GGUF name, each checked against the shape the config implies."""
+    """A model's tensors by GGUF name, each checked against the config's shape."""
 
     def __init__(self, gguf: GGUFFile):
         self.gguf = gguf
@@ -119,7 +128,8 @@ class WeightReader:
                                 f"is {t.type_name} {t.shape}")
         return t.data.view(np.float32)
 
-    def linear(self, name: str, n_out: int, n_in: int, bias: bool = False) -> LinearWeight:
+    def linear(self, name: str, n_out: int, n_in: int,
+               bias: bool = False) -> LinearWeight:
         """`{name}.weight` as an `[n_out, n_in]` matrix (+ `{name}.bias` if `bias`)."""
         b = self.vector(f"{name}.bias", n_out) if bias else None
         return LinearWeight(self.gguf.tensor(f"{name}.weight"), b).expect(n_out, n_in)
