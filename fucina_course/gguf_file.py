@@ -118,6 +118,14 @@ def _pad(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
+def _show(name: str, limit: int = 60) -> str:
+    """A key or tensor name for a one-line message: quoted, and cut if a file made it
+    long (a key may legally run to 1 GiB; an error message should not)."""
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[:limit]!r}... ({len(name):,} characters)"
+
+
 class _CheckedReader(GGUFReader):
     """`GGUFReader` with bounded, checked parsing (see the module docstring).
 
@@ -223,8 +231,8 @@ class _CheckedReader(GGUFReader):
             if not key:
                 raise _Corrupt(f"metadata key #{i} has an empty name")
             if key in self.fields:
-                raise _Corrupt(f"metadata key {key!r} appears twice")
-            self._where = f"metadata key {key!r}"
+                raise _Corrupt(f"metadata key {_show(key)} appears twice")
+            self._where = f"metadata key {_show(key)}"
             raw_kv_type = self._get(offs, np.uint32)
             offs += 4
             key_parts = [kv_klen, kv_kdata, raw_kv_type]

@@ -297,3 +297,12 @@ def test_zero_and_empty_tensors_do_not_divide_by_zero(tmp_path):
     doc.tensors[1].dims = [0, 64]
     doc.data = bytes(128)
     assert GGUFFile(write(tmp_path, doc)).tensor("b").rows == 0
+
+
+def test_a_long_garbage_key_is_cut_in_the_message(tmp_path):
+    doc = small_doc()
+    doc.kvs.append(KV(b"k" * 5000, 13, 0))
+    with pytest.raises(ModelFileError, match=r"'k{60}'\.\.\. \(5,000 characters\) has "
+                                             "value type 13") as info:
+        GGUFFile(write(tmp_path, doc))
+    assert len(str(info.value)) < 300
