@@ -1,21 +1,24 @@
-"""Tests of fucina_course.quant: block formats, activation quantizers, decode and prefill kernels.
+"""Tests of fucina_course.quant: block formats, activation quantizers, matvec, matmul.
 
 Oracles, from strongest to weakest:
-* `gguf.quants` (gguf-py, maintained next to llama.cpp): dequantization must be bit-exact; Q8_0
-  activation quantization in `reference=True` mode must be bit-exact with `gguf.quants.quantize`.
-* llama.cpp itself, when llama-cpp-python is installed: its `quantize_row_q8_0/q8_1/q8_K` must
-  match ours bit for bit, and its `ggml_vec_dot_*` must match our decode kernels to float32 rounding.
-* reference.py, a plain numpy transcription of ggml's dot formulas with int64 block sums.
+* `gguf.quants` (gguf-py, maintained next to llama.cpp): dequantization must be
+  bit-exact; Q8_0 activation quantization in `reference=True` mode must be bit-exact
+  with `gguf.quants.quantize`.
+* llama.cpp itself, when llama-cpp-python is installed: its
+  `quantize_row_q8_0/q8_1/q8_K` must match ours bit for bit, and its `ggml_vec_dot_*`
+  our matvec kernels to float32 rounding.
+* reference.py, a plain numpy transcription of ggml's dot formulas (int64 block sums).
 * float64 `W @ x` with an error bound derived from the activation quantization step.
 
-Test data: formats gguf-py can quantize are made with `gguf.quants.quantize` from random floats;
-K-quants (gguf-py cannot quantize them) are random bytes whose f16 scale fields are overwritten with
-finite values (`reference.random_blocks`).
+Test data: formats gguf-py can quantize are made with `gguf.quants.quantize` from random
+floats; K-quants (gguf-py cannot quantize them) are random bytes whose f16 scale fields
+are overwritten with finite values (`reference.random_blocks`).
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib
 import os
 
 import numpy as np
@@ -28,19 +31,43 @@ from numba import njit
 from fucina_course.errors import UnsupportedFormat
 from fucina_course.gguf_file import TensorInfo
 from fucina_course.quant import (
-    SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported, dequantize, dequantize_rows,
-    matmul, matvec, matvec_quantized, quantize_activations,
+    FORMATS, SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported,
+    dequantize, dequantize_rows, isa, matmul, matvec, matvec_quantized,
+    quantize_activations,
 )
-from fucina_course.quant import _simd, decode, prefill
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
+from fucina_course.quant._vnni_matmul import MM_KERNELS
+from fucina_course.quant._vnni_matvec import MV_KERNELS
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
-ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+# the module, not the function `quant.matmul` that shadows it as a package attribute
+matmul_mod = importlib.import_module("fucina_course.quant.matmul")
+
+ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
+       T.Q6_K]
 GGUF_QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
 QK = {t: GGML_QUANT_SIZES[t][0] for t in ALL}
 
 
-def make_weights(t, n_out: int, n_in: int, seed: int = 0, scale: float = 0.02) -> np.ndarray:
+def bits(a: np.ndarray) -> np.ndarray:
+    """The bit patterns of a float32 array: compare floats exactly."""
+    return a.view(np.uint32)
+
+
+def magnitude(w, qa, row: int = 0) -> np.ndarray:
+    """float64[n_out]: sum_j |w_rj x_j|, the scale of row r's rounding error."""
+    w64 = np.abs(w.dequantize().astype(np.float64))
+    return w64 @ np.abs(qa.dequantized()[row].astype(np.float64))
+
+
+def assert_close(y, ref, tol: float, mag, *what) -> None:
+    """|y - ref| <= tol * mag elementwise (mag: the sum of |terms|, `magnitude`)."""
+    err = np.abs(np.asarray(y, np.float64) - ref)
+    assert np.all(err <= tol * mag + 1e-30), (*what, np.max(err / mag))
+
+
+def make_weights(t, n_out: int, n_in: int, seed: int = 0,
+                 scale: float = 0.02) -> np.ndarray:
     """uint8 bytes of an [n_out, n_in] matrix of format t (see the module docstring)."""
     rng = np.random.default_rng(seed)
     if t in GGUF_QUANTIZABLE:
@@ -52,29 +79,54 @@ def make_weights(t, n_out: int, n_in: int, seed: int = 0, scale: float = 0.02) -
 
 
 def row_len_for(t, n_blocks: int) -> int:
-    return n_blocks * max(QK[t], 32)  # float formats: multiples of 32 keep shapes comparable
+    return n_blocks * max(QK[t], 32)  # float formats: 32 at a time, comparable shapes
 
 
-VNNI_TYPES = [T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0]  # formats with integer (VNNI) decode kernels
+VNNI_TYPES = list(MV_KERNELS)  # formats with integer (VNNI) kernels
 _NO_VNNI = "VNNI kernels off: numba's target CPU lacks AVX512-VNNI, or FUCINA_NO_VNNI=1"
-needs_vnni = pytest.mark.skipif(not _simd.HAVE_VNNI, reason=_NO_VNNI)
+needs_vnni = pytest.mark.skipif(not isa.HAVE_VNNI, reason=_NO_VNNI)
 
 
-@pytest.fixture(params=["float", "vnni"])
+@pytest.fixture(params=[isa.FLOAT, isa.AVX512VNNI])
 def kernels(request, monkeypatch):
-    """Run a decode test with the float kernels and, where the CPU has them, the VNNI kernels."""
-    if request.param == "vnni" and not _simd.HAVE_VNNI:
+    """Run a test with the float kernels and, where the CPU has them, the VNNI ones."""
+    if request.param not in isa.USABLE:
         pytest.skip(_NO_VNNI)
-    monkeypatch.setattr(decode, "VNNI", request.param == "vnni")
+    monkeypatch.setattr(isa, "level", request.param)
     return request.param
 
 
-# --- formats and errors --------------------------------------------------------------------------
+# --- formats and errors ---------------------------------------------------------------
 
 def test_supported_set_and_vec_dot_types():
-    assert SUPPORTED_TYPES == frozenset(ALL)
+    assert SUPPORTED_TYPES == frozenset(ALL) == frozenset(FORMATS)
     assert set(VEC_DOT_TYPE) == set(ALL)
-    assert VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and VEC_DOT_TYPE[T.Q6_K] == T.Q8_K and VEC_DOT_TYPE[T.Q5_0] == T.Q8_0
+    assert VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and VEC_DOT_TYPE[T.Q6_K] == T.Q8_K
+    assert VEC_DOT_TYPE[T.Q5_0] == T.Q8_0
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_format_records_match_ggml(t):
+    # sizes against gguf-py's table; f16 offsets and zero points against its dequantizer
+    f = FORMATS[t]
+    assert (f.block_size, f.block_bytes) == GGML_QUANT_SIZES[t] and f.ggml_type == t
+    if f.block_size == 1:
+        return
+    nb = 4
+    raw = random_blocks(np.random.default_rng(0), t, nb * f.block_size).reshape(nb, -1)
+    zeroed = raw.copy()
+    for off in f.f16_fields:                      # d = 0 (and m / dmin = 0): all zero
+        zeroed[:, off:off + 2] = 0
+    assert not gq.dequantize(zeroed, t).any(), t.name
+    if f.zero_point:                              # every quant = zero_point: all zero
+        q = raw.copy()
+        lo = f.zero_point & 0xF
+        q[:, f.qs_offset:f.qs_offset + f.block_size // 2] = lo | (lo << 4)
+        if t == T.Q5_0:                           # 16: the 5th bit of every element
+            q[:, f.qh_offset:f.qh_offset + 4] = 0xFF
+        if t == T.Q6_K:                           # 32: high 2 bits = 0b10 everywhere
+            q[:, f.qh_offset:f.qh_offset + 64] = 0xAA
+        assert not gq.dequantize(q, t).any(), t.name
 
 
 @pytest.mark.parametrize("t", [T.Q2_K, T.Q3_K, T.IQ4_NL, T.IQ2_XXS, T.Q8_K])
@@ -89,7 +141,8 @@ def test_unsupported_formats_raise(t):
         dequantize(raw, t, 2 * qk)
     with pytest.raises(UnsupportedFormat):
         QuantMatrix(raw, t, 2, qk)
-    ti = TensorInfo(name="output.weight", ggml_type=t, shape=(qk, 2), n_bytes=raw.size, data=raw)
+    ti = TensorInfo(name="output.weight", ggml_type=t, shape=(qk, 2), n_bytes=raw.size,
+                    data=raw)
     with pytest.raises(UnsupportedFormat, match="output.weight"):
         QuantMatrix.from_tensor(ti)
     for t_ok in ALL:
@@ -115,7 +168,7 @@ def test_bad_shapes_raise():
         dequantize_rows(raw, T.Q8_0, 64, [4])
 
 
-# --- the f16 intrinsics ---------------------------------------------------------------------------
+# --- the f16 intrinsics ---------------------------------------------------------------
 
 @njit
 def _all_f16(u, out):
@@ -139,9 +192,11 @@ def test_f16_intrinsics_exhaustive():
     assert np.isnan(got[nan]).all()
     # float32 -> f16 rounding (ties to even, subnormals, overflow) against numpy
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-9, 6, 200_000)).astype(np.float32)
-    edge = np.array([65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26, 1 + 2.0 ** -11,
-                     1 + 3 * 2.0 ** -11, -0.0, np.inf, -np.inf], np.float32)
+    x = rng.standard_normal(200_000) * 10.0 ** rng.integers(-9, 6, 200_000)
+    x = x.astype(np.float32)
+    edge = np.array([65504, 65519.99, 65520, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -26,
+                     1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, -0.0, np.inf, -np.inf],
+                    np.float32)
     x = np.concatenate([x, edge, ref[~nan]])
     bits = np.empty(x.size, np.uint16)
     _all_to_f16(x, bits)
@@ -149,7 +204,7 @@ def test_f16_intrinsics_exhaustive():
         assert np.array_equal(bits, x.astype(np.float16).view(np.uint16))
 
 
-# --- dequantization ------------------------------------------------------------------------------
+# --- dequantization -------------------------------------------------------------------
 
 SHAPES = [(1, 1), (7, 1), (5, 9), (33, 3), (2, 16)]  # (rows, blocks per row)
 
@@ -162,24 +217,25 @@ def test_dequantize_bit_exact_against_gguf(t):
         ref = gq.dequantize(raw.reshape(n_out, -1), t).reshape(-1).astype(np.float32)
         got = dequantize(raw, t, n_out * n_in)
         assert got.dtype == np.float32 and got.shape == (n_out * n_in,)
-        assert np.array_equal(got.view(np.uint32), ref.view(np.uint32)), (t.name, n_out, nb)
+        assert np.array_equal(bits(got), bits(ref)), (t.name, n_out, nb)
         w = QuantMatrix(raw, t, n_out, n_in)
-        assert np.array_equal(w.dequantize().reshape(-1).view(np.uint32), ref.view(np.uint32))
+        assert np.array_equal(bits(w.dequantize().reshape(-1)), bits(ref))
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K],
+                         ids=lambda t: t.name)
 def test_dequantize_subnormal_scales(t):
     # scales of ~1e-6 are f16 subnormals: the conversion must still be exact
     raw = random_blocks(np.random.default_rng(5), t, 64 * QK[t], scale=1e-6)
     ref = gq.dequantize(raw.reshape(64, -1), t).reshape(-1)
-    assert np.array_equal(dequantize(raw, t, 64 * QK[t]).view(np.uint32), ref.view(np.uint32))
+    assert np.array_equal(bits(dequantize(raw, t, 64 * QK[t])), bits(ref))
 
 
 def test_dequantize_large_table_multithreaded():
-    # 2^17 blocks: dequantize() splits the work over threads; every part must land in place
+    # 2^17 blocks: dequantize() splits the work over threads; each part lands in place
     raw = random_blocks(np.random.default_rng(3), T.Q5_0, (1 << 17) * 32)
     ref = gq.dequantize(raw.reshape(-1, 22 * 64), T.Q5_0).reshape(-1)
-    assert np.array_equal(dequantize(raw, T.Q5_0, ref.size).view(np.uint32), ref.view(np.uint32))
+    assert np.array_equal(bits(dequantize(raw, T.Q5_0, ref.size)), bits(ref))
 
 
 @pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
@@ -191,8 +247,8 @@ def test_dequantize_rows_matches_full(t):
     rows = np.array([0, 36, 5, 5, -1, 17])
     got = dequantize_rows(raw, t, n_in, rows)
     assert got.shape == (6, n_in)
-    assert np.array_equal(got.view(np.uint32), full[rows].astype(np.float32).view(np.uint32))
-    got2 = dequantize_rows(raw.reshape(n_out, -1), t, n_in, [3])  # already [n_rows, row_bytes]
+    assert np.array_equal(bits(got), bits(full[rows].astype(np.float32)))
+    got2 = dequantize_rows(raw.reshape(n_out, -1), t, n_in, [3])  # [n_rows, row_bytes]
     assert np.array_equal(got2[0], full[3])
     assert dequantize_rows(raw, t, n_in, []).shape == (0, n_in)
     w = QuantMatrix(raw, t, n_out, n_in)
@@ -203,14 +259,15 @@ def test_from_tensor_uses_ggml_shape_order_and_stays_a_view():
     n_out, n_in = 12, 64
     raw = make_weights(T.Q8_0, n_out, n_in)
     raw.flags.writeable = False  # like the memory map
-    ti = TensorInfo(name="blk.0.attn_q.weight", ggml_type=T.Q8_0, shape=(n_in, n_out), n_bytes=raw.size, data=raw)
+    ti = TensorInfo(name="blk.0.attn_q.weight", ggml_type=T.Q8_0, shape=(n_in, n_out),
+                    n_bytes=raw.size, data=raw)
     w = QuantMatrix.from_tensor(ti)
     assert (w.n_out, w.n_in) == (n_out, n_in) and w.nbytes == raw.size
     assert np.shares_memory(w.raw, raw)  # never copied or widened
     assert not w.raw.flags.writeable
 
 
-# --- activation quantizers -----------------------------------------------------------------------
+# --- activation quantizers ------------------------------------------------------------
 
 def _activations(m=8, n=1024, seed=0):
     rng = np.random.default_rng(seed)
@@ -220,22 +277,33 @@ def _activations(m=8, n=1024, seed=0):
     return x
 
 
+def q8_bytes(v: np.ndarray, n: int) -> np.ndarray:
+    """Small integers held as floats -> their int8 bytes, n per row."""
+    return v.reshape(-1, n).astype(np.int8).view(np.uint8)
+
+
+def f16_bytes(v: np.ndarray) -> np.ndarray:
+    """float32 values -> the two bytes of each as an f16, one pair per row."""
+    return v.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
 def test_q8_0_reference_mode_matches_gguf_py():
     x = _activations()
     ref = gq.quantize(x, T.Q8_0).reshape(-1, 34)
     qa = quantize_activations(x, T.Q8_0, reference=True)
-    assert np.array_equal(qa.q.reshape(-1, 32).astype(np.int8).view(np.uint8), ref[:, 2:])
-    assert np.array_equal(qa.d.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, :2])
+    assert np.array_equal(q8_bytes(qa.q, 32), ref[:, 2:])
+    assert np.array_equal(f16_bytes(qa.d), ref[:, :2])
 
 
 def test_q8_0_x86_rounding_differs_from_reference_on_ties():
     x = np.zeros(32, np.float32)
-    x[0], x[1], x[2] = 127.0, 2.5, -3.5  # amax = 127: id = 1 exactly, so 2.5 and -3.5 are ties
+    x[0], x[1], x[2] = 127.0, 2.5, -3.5  # amax = 127: id = 1, so 2.5 and -3.5 are ties
     x86 = quantize_activations(x, T.Q8_0).q[0]
     ref = quantize_activations(x, T.Q8_0, reference=True).q[0]
     assert (x86[1], x86[2]) == (2.0, -4.0)   # _mm256_round_ps: half to even
     assert (ref[1], ref[2]) == (3.0, -4.0)   # roundf: half away from zero
-    assert np.array_equal(ref[:3], gq.quantize(x, T.Q8_0)[2:5].view(np.int8).astype(np.float32))
+    want = gq.quantize(x, T.Q8_0)[2:5].view(np.int8).astype(np.float32)
+    assert np.array_equal(ref[:3], want)
 
 
 def test_q8_k_and_q8_1_properties():
@@ -254,7 +322,7 @@ def test_q8_k_and_q8_1_properties():
     assert np.allclose(q1.s, s_exact, rtol=2 ** -10, atol=1e-6)
 
 
-# --- llama.cpp as the oracle (skipped when llama-cpp-python is missing) -----------------------------
+# --- llama.cpp as the oracle (skipped when llama-cpp-python is missing) ---------------
 
 @pytest.fixture(scope="module")
 def ggml():
@@ -266,25 +334,33 @@ def ggml():
     vp, i64, sz = ctypes.c_void_p, ctypes.c_int64, ctypes.c_size_t
     lib.ggml_cpu_init.restype = None
     lib.ggml_cpu_init()
-    for name in ("quantize_row_q8_0", "quantize_row_q8_1", "quantize_row_q8_K", "ggml_cpu_fp32_to_fp16",
-                 "ggml_cpu_fp32_to_bf16"):
+    for name in ("quantize_row_q8_0", "quantize_row_q8_1", "quantize_row_q8_K",
+                 "ggml_cpu_fp32_to_fp16", "ggml_cpu_fp32_to_bf16"):
         getattr(lib, name).argtypes = [vp, vp, i64]
         getattr(lib, name).restype = None
-    for name in ("q8_0_q8_0", "q4_0_q8_0", "q5_0_q8_0", "q4_1_q8_1", "q5_1_q8_1", "q4_K_q8_K",
-                 "q5_K_q8_K", "q6_K_q8_K", "f16", "bf16", "f32"):
+    for name in ("q8_0_q8_0", "q4_0_q8_0", "q5_0_q8_0", "q4_1_q8_1", "q5_1_q8_1",
+                 "q4_K_q8_K", "q5_K_q8_K", "q6_K_q8_K", "f16", "bf16", "f32"):
         f = getattr(lib, "ggml_vec_dot_" + name)
         f.argtypes = [ctypes.c_int, vp, sz, vp, sz, vp, sz, ctypes.c_int]
         f.restype = None
     return lib
 
 
+# ggml's activation blocks (elements, bytes).  Not gguf-py's table: it gives Q8_1 40
+# bytes (f32 d and s), ggml's block_q8_1 holds two f16 in 36.
+ACT_BLOCK = {T.Q8_0: (32, 34), T.Q8_1: (32, 36), T.Q8_K: (256, 292), T.F16: (1, 2),
+             T.BF16: (1, 2)}
+
+
 def _ggml_quantize(lib, x: np.ndarray, kind) -> np.ndarray:
     n = x.size
     if kind == T.F32:
         return np.ascontiguousarray(x, np.float32).view(np.uint8).reshape(-1)
-    nbytes = {T.Q8_0: n // 32 * 34, T.Q8_1: n // 32 * 36, T.Q8_K: n // 256 * 292, T.F16: 2 * n, T.BF16: 2 * n}[kind]
-    fn = {T.Q8_0: "quantize_row_q8_0", T.Q8_1: "quantize_row_q8_1", T.Q8_K: "quantize_row_q8_K",
-          T.F16: "ggml_cpu_fp32_to_fp16", T.BF16: "ggml_cpu_fp32_to_bf16"}[kind]
+    qk, bpb = ACT_BLOCK[kind]
+    nbytes = n // qk * bpb
+    fn = {T.Q8_0: "quantize_row_q8_0", T.Q8_1: "quantize_row_q8_1",
+          T.Q8_K: "quantize_row_q8_K", T.F16: "ggml_cpu_fp32_to_fp16",
+          T.BF16: "ggml_cpu_fp32_to_bf16"}[kind]
     x = np.ascontiguousarray(x, np.float32)
     out = np.zeros(nbytes, np.uint8)
     getattr(lib, fn)(x.ctypes.data, out.ctypes.data, n)
@@ -293,31 +369,36 @@ def _ggml_quantize(lib, x: np.ndarray, kind) -> np.ndarray:
 
 def test_activation_quantizers_bit_exact_with_llama_cpp(ggml):
     x = _activations(m=16, n=2048)
-    for kind, bpb in ((T.Q8_0, 34), (T.Q8_1, 36)):
-        ref = _ggml_quantize(ggml, x, kind).reshape(-1, bpb)
+    for kind in (T.Q8_0, T.Q8_1):
+        ref = _ggml_quantize(ggml, x, kind).reshape(-1, ACT_BLOCK[kind][1])
         qa = quantize_activations(x, kind)
         off = 2 if kind == T.Q8_0 else 4
-        assert np.array_equal(qa.q.reshape(-1, 32).astype(np.int8).view(np.uint8), ref[:, off:]), kind.name
-        assert np.array_equal(qa.d.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, :2])
+        assert np.array_equal(q8_bytes(qa.q, 32), ref[:, off:]), kind.name
+        assert np.array_equal(f16_bytes(qa.d), ref[:, :2])
         if kind == T.Q8_1:
-            assert np.array_equal(qa.s.reshape(-1).astype(np.float16).view(np.uint8).reshape(-1, 2), ref[:, 2:4])
-    ref = _ggml_quantize(ggml, x, T.Q8_K).reshape(-1, 292)
+            assert np.array_equal(f16_bytes(qa.s), ref[:, 2:4])
+    ref = _ggml_quantize(ggml, x, T.Q8_K).reshape(-1, ACT_BLOCK[T.Q8_K][1])
     qa = quantize_activations(x, T.Q8_K)
-    assert np.array_equal(qa.d.reshape(-1), ref[:, :4].copy().view(np.float32).reshape(-1))
-    assert np.array_equal(qa.q.reshape(-1, 256).astype(np.int8), ref[:, 4:260].view(np.int8))
-    bsums16 = ref[:, 260:].copy().view(np.int16).astype(np.int32).reshape(-1, 8, 2).sum(-1)
+    assert np.array_equal(qa.d.reshape(-1), ref[:, :4].copy().view(np.float32)[:, 0])
+    assert np.array_equal(qa.q.reshape(-1, 256), ref[:, 4:260].view(np.int8))
+    bsums16 = ref[:, 260:].copy().view(np.int16).astype(np.int32)
+    bsums16 = bsums16.reshape(-1, 8, 2).sum(-1)
     assert np.array_equal(qa.bsum32.reshape(-1, 8), bsums16)
     assert np.array_equal(qa.qi.reshape(-1, 256), ref[:, 4:260].view(np.int8))
     for kind in (T.F16, T.BF16):
         ref = _ggml_quantize(ggml, x, kind).view(np.uint16)
         got = quantize_activations(x, kind).q.reshape(-1)
-        ours = got.astype(np.float16).view(np.uint16) if kind == T.F16 else (got.view(np.uint32) >> 16).astype(np.uint16)
+        if kind == T.F16:
+            ours = got.astype(np.float16).view(np.uint16)
+        else:
+            ours = (got.view(np.uint32) >> 16).astype(np.uint16)
         assert np.array_equal(ours, ref), kind.name
 
 
-_DOT = {T.Q8_0: "q8_0_q8_0", T.Q4_0: "q4_0_q8_0", T.Q5_0: "q5_0_q8_0", T.Q4_1: "q4_1_q8_1",
-        T.Q5_1: "q5_1_q8_1", T.Q4_K: "q4_K_q8_K", T.Q5_K: "q5_K_q8_K", T.Q6_K: "q6_K_q8_K",
-        T.F16: "f16", T.BF16: "bf16", T.F32: "f32"}
+_DOT = {T.Q8_0: "q8_0_q8_0", T.Q4_0: "q4_0_q8_0", T.Q5_0: "q5_0_q8_0",
+        T.Q4_1: "q4_1_q8_1", T.Q5_1: "q5_1_q8_1", T.Q4_K: "q4_K_q8_K",
+        T.Q5_K: "q5_K_q8_K", T.Q6_K: "q6_K_q8_K", T.F16: "f16", T.BF16: "bf16",
+        T.F32: "f32"}
 
 
 @pytest.mark.parametrize("t", list(_DOT), ids=lambda t: t.name)
@@ -332,19 +413,21 @@ def test_matvec_matches_llama_cpp_vec_dot(ggml, t, kernels):
     s = np.zeros(1, np.float32)
     for r in range(n_out):
         row = np.ascontiguousarray(w.raw[r])
-        getattr(ggml, "ggml_vec_dot_" + _DOT[t])(n_in, s.ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
+        vec_dot = getattr(ggml, "ggml_vec_dot_" + _DOT[t])
+        vec_dot(n_in, s.ctypes.data, 0, row.ctypes.data, 0, xq.ctypes.data, 0, 1)
         ref[r] = s[0]
     mag = np.abs(w.dequantize()).astype(np.float64) @ np.abs(x.astype(np.float64))
     assert np.all(np.abs(y - ref) <= 1e-5 * mag), np.max(np.abs(y - ref) / mag)
 
 
-# --- decode kernels against the numpy transcription and float64 ----------------------------------
+# --- matvec against the numpy transcription and float64 -------------------------------
 
-MV_SHAPES = [(1, 1), (17, 4), (40, 7), (3, 12)]  # (n_out, blocks per row); 17, 40: not multiples of 16
+# (n_out, blocks per row); 17 and 40 are not multiples of the 16-row chunks
+MV_SHAPES = [(1, 1), (17, 4), (40, 7), (3, 12)]
 
 
 def _bound(t, w64: np.ndarray, x: np.ndarray, qa) -> np.ndarray:
-    """Worst-case |W x - W x~| from rounding x to x~ (one step: d/2 per element), per output row."""
+    """Worst-case |W x - W x~| per output row from rounding x to x~ (d/2 an element)."""
     n = x.size
     if t == T.F32:
         step = np.zeros(n)
@@ -370,11 +453,12 @@ def test_matvec_against_reference_and_float64(t, kernels):
         qa = quantize_activations(x, w.vec_dot_type)
         ref = reference_matvec(w.raw, t, qa)
         w64 = w.dequantize().astype(np.float64)
-        mag = np.abs(w64) @ np.abs(qa.dequantized()[0].astype(np.float64))
-        # only float32 rounding separates the kernel from the transcription: 1e-5 of sum |terms|
-        assert np.all(np.abs(y - ref) <= 1e-5 * mag + 1e-30), (t.name, np.max(np.abs(y - ref) / mag))
+        mag = magnitude(w, qa)
+        # only float32 rounding separates kernel and transcription: 1e-5 of sum |terms|
+        assert_close(y, ref, 1e-5, mag, t.name)
         exact = w64 @ x.astype(np.float64)
-        assert np.all(np.abs(y - exact) <= _bound(t, w64, x, qa) * 1.001 + 1e-5 * mag + 1e-30), t.name
+        bound = _bound(t, w64, x, qa) * 1.001 + 1e-5 * mag + 1e-30
+        assert np.all(np.abs(y - exact) <= bound), t.name
         out = np.full(n_out, np.nan, np.float32)
         assert matvec(w, x, out=out) is out and np.array_equal(out, y)
 
@@ -395,55 +479,52 @@ def test_matvec_quantized_reuses_one_quantization():
         assert np.array_equal(out, matvec(w, x))
     w8 = QuantMatrix(make_weights(T.Q8_0, 4, n_in), T.Q8_0, 4, n_in)
     with pytest.raises(ValueError, match="Q8_0"):
-        matvec_quantized(w8, qa, np.empty(4, np.float32))  # Q8_K activations for a Q8_0 matrix
+        matvec_quantized(w8, qa, np.empty(4, np.float32))  # Q8_K x, a Q8_0 matrix
 
 
 @pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_tolerance_catches_one_wrong_quant(t, kernels):
-    # the 1e-5 tolerance is tight enough to see a single quant off by one step in a 512-wide row
+    # the 1e-5 tolerance sees a single quant off by one step in a 512-wide row
     n_out, n_in = 4, 512
     raw = make_weights(t, n_out, n_in, seed=8)
     w = QuantMatrix(raw, t, n_out, n_in)
     x = np.random.default_rng(0).standard_normal(n_in).astype(np.float32)
     qa = quantize_activations(x, w.vec_dot_type)
     bad = raw.copy().reshape(n_out, -1)
-    byte = {T.Q5_0: 10, T.Q4_K: 40, T.Q6_K: 40}[t]   # a byte of quants in the first block of row 1
+    byte = {T.Q5_0: 10, T.Q4_K: 40, T.Q6_K: 40}[t]   # a quant byte, row 1, block 0
     bad[1, byte] ^= 0x01                              # one element's quant changes by 1
     ref_bad = reference_matvec(bad, t, qa)
     ref_ok = reference_matvec(w.raw, t, qa)
-    mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
+    mag = magnitude(w, qa)
     y = matvec(w, x)
     assert np.abs(y[1] - ref_ok[1]) <= 1e-5 * mag[1]
     assert np.abs(y[1] - ref_bad[1]) > 1e-5 * mag[1]
 
 
-# --- the integer (VNNI) kernels -------------------------------------------------------------------
+# --- the integer (VNNI) kernels -------------------------------------------------------
 
-def test_vnni_feature_guard():
+def test_vnni_feature_guard(monkeypatch):
     need = "+avx512f,+avx512bw,+avx512vl,+avx512vnni"
-    assert _simd.vnni_usable("+sse4.2,+avx2," + need)
-    assert not _simd.vnni_usable("+avx2,+avx512f,+avx512bw,+avx512vl,-avx512vnni")   # Ice Lake minus VNNI
-    assert not _simd.vnni_usable("+avx2,+avxvnni")                                    # AVX-VNNI only (Alder Lake)
-    assert not _simd.vnni_usable("")
-    assert _simd.HAVE_VNNI == (_simd.vnni_usable(_simd.numba_cpu_features())
-                               and os.environ.get("FUCINA_NO_VNNI", "") in ("", "0"))
-    if not _simd.HAVE_VNNI:   # the dispatcher must never reach a VNNI kernel then, even if asked to
+    assert isa.vnni_usable("+sse4.2,+avx2," + need)
+    assert not isa.vnni_usable("+avx2,+avx512f,+avx512bw,+avx512vl,-avx512vnni")
+    assert not isa.vnni_usable("+avx2,+avxvnni")            # AVX-VNNI only (Alder Lake)
+    assert not isa.vnni_usable("")
+    assert isa.HAVE_VNNI == (isa.vnni_usable(isa.numba_cpu_features())
+                             and os.environ.get("FUCINA_NO_VNNI", "") in ("", "0"))
+    assert isa.USABLE[-1] == isa.FLOAT and isa.level == isa.BEST == isa.USABLE[0]
+    if not isa.HAVE_VNNI:   # then no VNNI kernel may be dispatched, even if asked for
+        monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
         w = QuantMatrix(make_weights(T.Q4_K, 4, 256), T.Q4_K, 4, 256)
-        old = decode.VNNI
-        try:
-            decode.VNNI = True
-            assert np.isfinite(matvec(w, np.ones(256, np.float32))).all()
-        finally:
-            decode.VNNI = old
+        assert np.isfinite(matvec(w, np.ones(256, np.float32))).all()
+        assert np.isfinite(matmul(w, np.ones((3, 256), np.float32), path="rows")).all()
 
 
 def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarray:
-    """Blocks whose quant bytes (and 6-bit / int8 scales) are all `fill`, with finite f16 scales."""
+    """Blocks whose quant bytes (and 6-bit / int8 scales) are all `fill`, with finite
+    f16 scales."""
     raw = random_blocks(np.random.default_rng(seed), t, n_out * n_in).reshape(n_out, -1)
-    bpb = {T.Q8_0: 34, T.Q4_0: 18, T.Q5_0: 22, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}[t]
-    blk = raw.reshape(n_out, -1, bpb)
-    keep = {T.Q8_0: [(0, 2)], T.Q4_0: [(0, 2)], T.Q5_0: [(0, 2)], T.Q4_K: [(0, 4)], T.Q5_K: [(0, 4)],
-            T.Q6_K: [(208, 210)]}[t]
+    blk = raw.reshape(n_out, -1, FORMATS[t].block_bytes)
+    keep = [(o, o + 2) for o in FORMATS[t].f16_fields]
     saved = [blk[:, :, a:b].copy() for a, b in keep]
     blk[:] = fill
     for (a, b), v in zip(keep, saved):
@@ -454,9 +535,10 @@ def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarr
 @needs_vnni
 @pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_vnni_extreme_quants_and_activations(t):
-    # Largest |products|: all quant bytes 0x00 / 0xFF / 0x80 / 0x7F (q at both ends of its range, the
-    # K-quant scales at 0, 63 and the Q6_K int8 scales at -128, -1, 127) against activations that
-    # quantize to +-127 (and a block of zeros); the int16 steps (vpackssdw, vpdpwssd) must not saturate.
+    # Largest |products|: all quant bytes 0x00 / 0xFF / 0x80 / 0x7F (q at both ends of
+    # its range, the K-quant scales at 0, 63 and the Q6_K int8 scales at -128, -1, 127)
+    # against activations that quantize to +-127 (and a block of zeros); the int16
+    # steps (vpackssdw, vpdpwssd) must not saturate.
     n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
     rng = np.random.default_rng(0)
     xs = [np.where(rng.random(n_in) < 0.5, 1.0, -1.0).astype(np.float32),
@@ -466,32 +548,30 @@ def test_vnni_extreme_quants_and_activations(t):
         n_in = 3 * 256
         xs = [x[:n_in] for x in xs]
     for fill in (0x00, 0xFF, 0x80, 0x7F, 0x55):
-        w = QuantMatrix(_extreme_weights(t, n_out, n_in, fill, seed=fill), t, n_out, n_in)
+        raw = _extreme_weights(t, n_out, n_in, fill, seed=fill)
+        w = QuantMatrix(raw, t, n_out, n_in)
         for x in xs:
             qa = quantize_activations(x, w.vec_dot_type)
             assert np.abs(qa.qi).max() in (0, 127)
             ref = reference_matvec(w.raw, t, qa)
-            mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
-            y = matvec(w, x)
-            assert np.all(np.abs(y - ref) <= 1e-5 * mag + 1e-30), (t.name, hex(fill), np.max(np.abs(y - ref) / mag))
+            assert_close(matvec(w, x), ref, 1e-5, magnitude(w, qa), t.name, hex(fill))
 
 
 @needs_vnni
 @pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_vnni_and_float_kernels_agree(t, monkeypatch):
-    # model-sized rows, a row count that is not a multiple of the 16-row chunks, odd block counts
+    # model-sized rows, row counts not a multiple of the 16-row chunks, odd block counts
     rng = np.random.default_rng(12)
     for n_out, nb in ((131, 12), (33, 5), (5, 1)):
         n_in = nb * QK[t]
         w = QuantMatrix(make_weights(t, n_out, n_in, seed=nb), t, n_out, n_in)
         x = (rng.standard_normal(n_in) + 0.2).astype(np.float32)
         qa = quantize_activations(x, w.vec_dot_type)
-        mag = np.abs(w.dequantize().astype(np.float64)) @ np.abs(qa.dequantized()[0].astype(np.float64))
-        monkeypatch.setattr(decode, "VNNI", True)
+        monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
         y1 = matvec(w, x)
-        monkeypatch.setattr(decode, "VNNI", False)
+        monkeypatch.setattr(isa, "level", isa.FLOAT)
         y0 = matvec(w, x)
-        assert np.all(np.abs(y1 - y0) <= 2e-6 * mag + 1e-30), (t.name, n_out, nb, np.max(np.abs(y1 - y0) / mag))
+        assert_close(y1, y0, 2e-6, magnitude(w, qa), t.name, n_out, nb)
 
 
 def test_int8_activation_fields():
@@ -499,89 +579,96 @@ def test_int8_activation_fields():
     for kind in (T.Q8_0, T.Q8_1, T.Q8_K):
         qa = quantize_activations(x, kind)
         assert qa.qi.dtype == np.int8 and qa.qi.shape == x.shape
-        assert qa.q.dtype == np.float32 and np.array_equal(qa.q, qa.qi.astype(np.float32))
+        assert qa.q.dtype == np.float32
+        assert np.array_equal(qa.q, qa.qi.astype(np.float32))
         if kind == T.Q8_K:
-            assert np.array_equal(qa.bsum32, qa.qi.reshape(3, -1, 32).sum(-1, dtype=np.int64))
+            sums = qa.qi.reshape(3, -1, 32).sum(-1, dtype=np.int64)
+            assert np.array_equal(qa.bsum32, sums)
 
 
-# --- prefill --------------------------------------------------------------------------------------
+# --- matmul ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
-def test_matmul_paths_agree_with_decode(t):
+def test_matmul_paths_agree_with_matvec(t):
     rng = np.random.default_rng(4)
     n_out, n_in = 70, 4 * QK_OR_32(t)
     w = QuantMatrix(make_weights(t, n_out, n_in, seed=9), t, n_out, n_in)
-    X = (rng.standard_normal((19, n_in)) + 0.3).astype(np.float32)  # offset: Q8_1 block sums matter
+    X = (rng.standard_normal((19, n_in)) + 0.3).astype(np.float32)  # Q8_1 sums matter
     dec = np.stack([matvec(w, x) for x in X])                          # [m, n_out]
     gemv = matmul(w, X, path="gemv")
-    rows = matmul(w, X, path="rows")   # multi-row integer kernel (VNNI formats), else the gemv path
+    rows = matmul(w, X, path="rows")   # multi-row integer kernel, else the gemv path
     blas = matmul(w, X, path="blas")
     auto = matmul(w, X)
     w64 = w.dequantize().astype(np.float64)
     mag = np.abs(X.astype(np.float64)) @ np.abs(w64).T                 # [m, n_out]
     assert np.array_equal(gemv, dec)
-    assert np.array_equal(rows, dec)                                   # bit-identical, not just close
-    assert np.all(np.abs(blas - dec) <= 1e-5 * mag + 1e-30), (t.name, np.max(np.abs(blas - dec) / mag))
-    if prefill.has_rows_kernel(w):                                     # 19 rows < ROWS_BLAS_MIN_ROWS
-        assert 19 < prefill.ROWS_BLAS_MIN_ROWS[t] and np.array_equal(auto, rows)
-    else:                                                              # 19 rows >= PREFILL_MIN_ROWS
+    assert np.array_equal(rows, dec)                          # bit-identical, not close
+    assert_close(blas, dec, 1e-5, mag, t.name)
+    if matmul_mod.has_rows_kernel(w):                         # 19 < ROWS_BLAS_MIN_ROWS
+        assert 19 < matmul_mod.ROWS_BLAS_MIN_ROWS[t] and np.array_equal(auto, rows)
+    else:                                                     # 19 >= PREFILL_MIN_ROWS
         assert np.array_equal(auto, blas)
     f32 = matmul(w, X, path="blas", exact_activations=False)
     exact = X.astype(np.float64) @ w64.T
     assert np.all(np.abs(f32 - exact) <= 1e-5 * mag + 1e-30)
     out = np.empty((19, n_out), np.float32)
     assert matmul(w, X, out=out) is out and np.array_equal(out, auto)
-    one = matmul(w, X[:1])                                             # m = 1 goes through gemv
+    one = matmul(w, X[:1])                                    # m = 1 goes through gemv
     assert np.array_equal(one[0], dec[0])
 
 
 @needs_vnni
 @pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
-def test_rows_kernels_bit_identical_to_decode(t):
-    # every tile shape (m around the 8-row tile, more than one tile), row counts that are not
-    # multiples of the 16-row chunks, odd block counts (the 32-element formats' ymm tail block)
+def test_rows_kernels_bit_identical_to_matvec(t):
+    # every tile shape (m around the 8-row tile, more than one tile), row counts that
+    # are not multiples of the 16-row chunks, odd block counts (the 32-element
+    # formats' ymm tail block)
     rng = np.random.default_rng(21)
-    for n_out, nb, ms in ((37, 3, (2, 7, 8, 9)), (70, 5, (1, 3, 16, 17, 33)), (5, 1, (4, 12))):
+    cases = ((37, 3, (2, 7, 8, 9)), (70, 5, (1, 3, 16, 17, 33)), (5, 1, (4, 12)))
+    for n_out, nb, ms in cases:
         nb = nb if QK[t] == 256 else 2 * nb + 1
         n_in = nb * QK[t]
         w = QuantMatrix(make_weights(t, n_out, n_in, seed=nb), t, n_out, n_in)
         for m in ms:
-            X = (rng.standard_normal((m, n_in)) * rng.random((m, 1)) * 3 + 0.1).astype(np.float32)
-            X[0, :QK[t]] = 0.0                                         # an all-zero activation block
-            dec = np.stack([matvec(w, x) for x in X])                  # the one-row VNNI kernel
+            X = rng.standard_normal((m, n_in)) * rng.random((m, 1)) * 3 + 0.1
+            X = X.astype(np.float32)
+            X[0, :QK[t]] = 0.0                            # an all-zero activation block
+            dec = np.stack([matvec(w, x) for x in X])     # the one-row VNNI kernel
             got = np.full((m, n_out), np.nan, np.float32)
-            assert prefill.matmul_rows(w, X, got) is got
-            assert np.array_equal(got, dec), (t.name, n_out, nb, m, np.nanmax(np.abs(got - dec)))
+            assert matmul_mod.matmul_rows(w, X, got) is got
+            assert np.array_equal(got, dec), (t.name, n_out, nb, m,
+                                              np.nanmax(np.abs(got - dec)))
 
 
 @needs_vnni
 @pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
 def test_rows_kernels_extreme_quants(t):
-    # test_vnni_extreme_quants_and_activations for the multi-row kernels: the same integer lanes
-    # (their weight-side offsets included) must come out for saturating weights and activations
+    # test_vnni_extreme_quants_and_activations for the multi-row kernels: the same
+    # integer lanes (their weight-side offsets included) for saturating inputs
     n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
     if QK[t] == 256:
         n_in = 3 * 256
     rng = np.random.default_rng(0)
-    X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0), np.full(n_in, -3.0),
-                  np.zeros(n_in)]).astype(np.float32)
+    X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0),
+                  np.full(n_in, -3.0), np.zeros(n_in)]).astype(np.float32)
     for fill in (0x00, 0xFF, 0x80, 0x7F, 0x55):
-        w = QuantMatrix(_extreme_weights(t, n_out, n_in, fill, seed=fill), t, n_out, n_in)
+        raw = _extreme_weights(t, n_out, n_in, fill, seed=fill)
+        w = QuantMatrix(raw, t, n_out, n_in)
         dec = np.stack([matvec(w, x) for x in X])
         assert np.array_equal(matmul(w, X, path="rows"), dec), (t.name, hex(fill))
 
 
 def test_rows_path_without_vnni_is_gemv(monkeypatch):
-    # with the float kernels (FUCINA_NO_VNNI=1 or decode.VNNI off) "rows" falls back to one decode
-    # call per row, and "auto" to the gemv/blas rule
-    monkeypatch.setattr(decode, "VNNI", False)
+    # with the float kernels (FUCINA_NO_VNNI=1 or isa.level = FLOAT) "rows" falls back
+    # to one matvec per row, and "auto" to the gemv/blas rule
+    monkeypatch.setattr(isa, "level", isa.FLOAT)
     rng = np.random.default_rng(5)
     w = QuantMatrix(make_weights(T.Q4_K, 24, 512, seed=2), T.Q4_K, 24, 512)
-    assert not prefill.has_rows_kernel(w)
+    assert not matmul_mod.has_rows_kernel(w)
     X = rng.standard_normal((5, 512)).astype(np.float32)
     dec = np.stack([matvec(w, x) for x in X])
     assert np.array_equal(matmul(w, X, path="rows"), dec)
-    assert np.array_equal(matmul(w, X), dec)                           # 5 < PREFILL_MIN_ROWS: gemv
+    assert np.array_equal(matmul(w, X), dec)          # 5 < PREFILL_MIN_ROWS: gemv
 
 
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q8_0, T.Q4_1, T.F32], ids=lambda t: t.name)
@@ -589,39 +676,45 @@ def test_matmul_zero_rows(t):
     n_in = 2 * QK_OR_32(t)
     w = QuantMatrix(make_weights(t, 8, n_in), t, 8, n_in)
     for path in ("auto", "rows", "gemv", "blas"):
-        assert matmul(w, np.zeros((0, n_in), np.float32), path=path).shape == (0, 8), path
+        y = matmul(w, np.zeros((0, n_in), np.float32), path=path)
+        assert y.shape == (0, 8), path
 
 
 def test_openblas_spin_rule():
-    spin = prefill.openblas_workers_spin
-    assert spin({}) and spin({"OPENBLAS_NUM_THREADS": "2"}) and spin({"OPENBLAS_THREAD_TIMEOUT": "28"})
-    assert not spin({"OPENBLAS_THREAD_TIMEOUT": "4"}) and not spin({"GOTO_THREAD_TIMEOUT": "20"})
-    assert not spin({"OPENBLAS_NUM_THREADS": "1"}) and not spin({"OMP_NUM_THREADS": "1"})
-    assert spin({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"})  # OpenBLAS's own variable wins
-    assert set(prefill.ROWS_BLAS_MIN_ROWS) == set(_simd.MM_KERNELS)
+    spin = matmul_mod.openblas_workers_spin
+    assert spin({}) and spin({"OPENBLAS_NUM_THREADS": "2"})
+    assert spin({"OPENBLAS_THREAD_TIMEOUT": "28"})
+    assert not spin({"OPENBLAS_THREAD_TIMEOUT": "4"})
+    assert not spin({"GOTO_THREAD_TIMEOUT": "20"})
+    assert not spin({"OPENBLAS_NUM_THREADS": "1"})
+    assert not spin({"OMP_NUM_THREADS": "1"})
+    # OpenBLAS's own variable wins
+    assert spin({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"})
+    assert set(matmul_mod.ROWS_BLAS_MIN_ROWS) == set(MM_KERNELS) == set(MV_KERNELS)
 
 
 def test_matmul_large_tiles():
-    # more rows than one dequantized tile holds, and a row count that is not a tile multiple
-    import fucina_course.quant.prefill as prefill
+    # more rows than one dequantized tile holds, and a row count not a tile multiple
     rng = np.random.default_rng(6)
     n_out, n_in = 1000, 256
     w = QuantMatrix(make_weights(T.Q4_K, n_out, n_in, seed=3), T.Q4_K, n_out, n_in)
     X = rng.standard_normal((16, n_in)).astype(np.float32)
-    old = prefill._TILE_ELEMENTS
+    old = matmul_mod._TILE_ELEMENTS
     try:
-        prefill._TILE_ELEMENTS = 96 * n_in
+        matmul_mod._TILE_ELEMENTS = 96 * n_in
         tiled = matmul(w, X, path="blas")
     finally:
-        prefill._TILE_ELEMENTS = old
+        matmul_mod._TILE_ELEMENTS = old
     whole = matmul(w, X, path="blas")
     assert np.allclose(tiled, whole, rtol=0, atol=1e-6 * np.abs(whole).max())
 
 
-@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.F32], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.F32],
+                         ids=lambda t: t.name)
 def test_multimatrix_equals_separate_parts(t):
     n_in = 2 * QK_OR_32(t)
-    parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}") for n in (24, 8, 8)]
+    parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}")
+             for n in (24, 8, 8)]
     mm = MultiMatrix(parts)
     assert mm.shape == (40, n_in) and mm.bounds == [(0, 24), (24, 32), (32, 40)]
     rng = np.random.default_rng(0)
@@ -631,9 +724,11 @@ def test_multimatrix_equals_separate_parts(t):
     for path in ("gemv", "rows", "blas"):
         want = np.concatenate([matmul(p, X, path=path) for p in parts], axis=1)
         assert np.array_equal(matmul(mm, X, path=path), want), path
-    f32 = np.concatenate([matmul(p, X, path="blas", exact_activations=False) for p in parts], axis=1)
+    f32 = np.concatenate([matmul(p, X, path="blas", exact_activations=False)
+                          for p in parts], axis=1)
     assert np.array_equal(matmul(mm, X, exact_activations=False), f32)
-    assert np.array_equal(mm.dequantize(), np.concatenate([p.dequantize() for p in parts]))
+    whole = np.concatenate([p.dequantize() for p in parts])
+    assert np.array_equal(mm.dequantize(), whole)
 
 
 def test_multimatrix_rejects_mixed_formats():

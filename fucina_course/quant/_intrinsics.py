@@ -1,16 +1,20 @@
 """Four tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
 
-* `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba cannot take
-  `float16` arrays in CPU kernels, so the kernels read a half as two bytes and convert it here.  The
-  intrinsic emits LLVM's own `fpext half -> float` / `fptrunc float -> half` (round to nearest even,
-  exactly like numpy's `astype(np.float16)` and like ggml's F16C path), which LLVM lowers to
+* `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba
+  cannot take `float16` arrays in CPU kernels, so the kernels read a half as two bytes
+  and convert it here.  The intrinsic emits LLVM's own `fpext half -> float` /
+  `fptrunc float -> half` (round to nearest even, exactly like numpy's
+  `astype(np.float16)` and like ggml's F16C path), which LLVM lowers to
   `vcvtph2ps`/`vcvtps2ph` (or the AVX512-FP16 scalar forms) and vectorizes inside loops.
-* `u32_as_f32(bits)`: reinterpret a uint32 as float32 (BF16 -> f32 is `u32_as_f32(u16 << 16)`).
-* `prefetch(array_1d, index)`: `llvm.prefetch` of the cache line holding `array_1d[index]`.
-  The address may lie past the end of the array: a prefetch never faults.  Software prefetch is what
-  lifts the decode kernels from ~7.5 to ~16 GB/s on a model-sized sweep here (see decode.py).
+* `u32_as_f32(bits)`: reinterpret a uint32 as float32 (BF16 -> f32 is
+  `u32_as_f32(u16 << 16)`).
+* `prefetch(array_1d, index)`: `llvm.prefetch` of the cache line holding
+  `array_1d[index]`.  The address may lie past the end of the array: a prefetch never
+  faults.  Software prefetch lifts the matvec kernels from ~7.5 to ~16 GB/s on a
+  model-sized sweep here (matvec.py).
 
-`tests/test_quant.py` checks the two conversions exhaustively (all 65,536 halves) against numpy.
+`tests/test_quant.py` checks the two conversions exhaustively (all 65,536 halves)
+against numpy.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ _I8P = ir.IntType(8).as_pointer()
 
 @intrinsic
 def f16_to_f32(typingctx, bits):
-    """float32 value of the IEEE half whose bit pattern is the low 16 bits of the integer `bits`."""
+    """float32 value of the IEEE half held in the low 16 bits of the integer `bits`."""
     if not isinstance(bits, types.Integer):
         return None
     sig = types.float32(bits)
@@ -45,7 +49,7 @@ def f16_to_f32(typingctx, bits):
 
 @intrinsic
 def f32_to_f16_bits(typingctx, x):
-    """Bit pattern (uint16) of float32 `x` rounded to the nearest IEEE half (ties to even)."""
+    """Bits (uint16) of float32 `x` rounded to the nearest IEEE half (ties to even)."""
     if x != types.float32:
         return None
     sig = types.uint16(types.float32)
@@ -58,8 +62,9 @@ def f32_to_f16_bits(typingctx, x):
 
 @intrinsic
 def prefetch(typingctx, arr, idx):
-    """Hint the CPU to pull the cache line of `arr[idx]` into L1 (read, high locality)."""
-    if not isinstance(arr, types.Array) or arr.ndim != 1 or not isinstance(idx, types.Integer):
+    """Hint the CPU to pull the cache line of `arr[idx]` into L1 (read, keep)."""
+    if not (isinstance(arr, types.Array) and arr.ndim == 1
+            and isinstance(idx, types.Integer)):
         return None
     sig = types.void(arr, idx)
 
@@ -73,7 +78,8 @@ def prefetch(typingctx, arr, idx):
         if fn is None:
             fn = ir.Function(mod, fnty, name=name)
         # rw = 0 (read), locality = 3 (keep in all levels), cache type = 1 (data)
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3),
+                          ir.Constant(_I32, 1)])
         return context.get_dummy_value()
 
     return sig, codegen
@@ -81,7 +87,8 @@ def prefetch(typingctx, arr, idx):
 
 @intrinsic
 def u32_as_f32(typingctx, bits):
-    """Reinterpret the low 32 bits of the integer `bits` as a float32 (used for BF16: `bits = u16 << 16`)."""
+    """Reinterpret the low 32 bits of the integer `bits` as a float32 (BF16:
+    `bits = u16 << 16`)."""
     if not isinstance(bits, types.Integer):
         return None
     sig = types.float32(bits)

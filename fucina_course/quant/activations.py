@@ -1,31 +1,39 @@
-"""Quantize the activations once per matrix product, the way llama.cpp does on this CPU.
+"""Quantize the activations once per matrix product, the way llama.cpp does on x86.
 
-Before ggml multiplies a weight matrix of format W by activations, it converts the activation rows
-to W's `vec_dot_type` (formats.VEC_DOT_TYPE) and then only does integer dot products per block.
-Matching llama.cpp's numbers therefore starts here, and the rounding rules matter:
+Before ggml multiplies a weight matrix of format W by activations, it converts the
+activation rows to W's `vec_dot_type` (formats.py) and then only does integer dot
+products per block.  Matching llama.cpp's numbers therefore starts here, and the
+rounding rules matter:
 
-| vec_dot_type | block | scale | rounding of x * (1/scale) | extra |
+| vec_dot_type (for) | block | scale | x -> q | extra |
 |---|---|---|---|---|
-| Q8_0 (for Q8_0, Q4_0, Q5_0) | 32 | d = amax/127, stored as f16 | `id = 127/amax`, round half to **even** | |
-| Q8_1 (for Q4_1, Q5_1) | 32 | as Q8_0 | as Q8_0 | `s = f16(d * sum(q))`, d unrounded |
-| Q8_K (for Q4_K, Q5_K, Q6_K) | 256 | d = 1/iscale, f32; `iscale = -127/max` where max is the signed value of largest magnitude | `nearest_int(iscale * x)` (half to even), then `min(127, .)` | sums of q per 16 (we keep per 32) |
-| F16 / BF16 | - | - | x rounded to nearest even half / bfloat16 | |
+| Q8_0 (Q8_0 Q4_0 Q5_0) | 32 | d = amax/127, f16 | rint(x * 127/amax) | |
+| Q8_1 (Q4_1 Q5_1) | 32 | as Q8_0 | as Q8_0 | s = f16(d * sum q) |
+| Q8_K (Q4_K Q5_K Q6_K) | 256 | d = 1/iscale, f32 | min(127, rint(iscale x)) | sums |
+| F16 / BF16 | - | - | nearest even half / bf16 | |
 
-The Q8_0/Q8_1 rows follow ggml's **x86 AVX path** (`ggml-cpu/arch/x86/quants.c`: `127/amax` and
-`_mm256_round_ps(_MM_ROUND_NEAREST)`), which is what llama.cpp runs here.  It differs from ggml's
-portable reference (`quantize_row_q8_0_ref`: `1/d` and `roundf`, half away from zero) -- and from
-gguf-py, which copies the reference -- in a handful of quants per million (ties, and one-ulp
-differences between `127/amax` and `1/(amax/127)`).  `reference=True` selects the portable rules;
-tests check that variant bit-exact against `gguf.quants.quantize` and the default bit-exact against
-llama.cpp's own `quantize_row_q8_0` when llama-cpp-python is installed.
+(rint: round half to even; Q8_1's s uses the unrounded d.)
 
-Outputs are int8 arrays (`qi`, for the integer VNNI kernels) and, on demand, the same small
-integers as float32 (`q`, for the float kernels: a product of two such integers is exact in
-float32).  Scales come back as float32 already rounded through f16 where ggml stores an f16.
+Q8_K: `iscale = -127/max`, where max is the signed value of largest magnitude; ggml
+keeps the sums of q per 16 (bsums), this engine per 32 (`bsum32`), the granularity of
+the K-quant sub-blocks that read them.
 
-`fake_quant(X, vec_dot_type)` returns `q * d` as float32 -- exact in float32 for Q8_0/Q8_1 (8-bit
-times 11-bit) and within one rounding for Q8_K -- which is what lets the prefill path use BLAS on
-float32 data and still compute the numbers the integer kernels compute (see prefill.py).
+The Q8_0/Q8_1 rows follow ggml's **x86 AVX path** (`ggml-cpu/arch/x86/quants.c`:
+`127/amax` and `_mm256_round_ps(_MM_ROUND_NEAREST)`), which is what llama.cpp runs
+here.  It differs from ggml's portable reference (`quantize_row_q8_0_ref`: `1/d` and
+`roundf`, half away from zero) -- and from gguf-py, which copies the reference -- in a
+handful of quants per million (ties, and one-ulp differences between `127/amax` and
+`1/(amax/127)`).  `reference=True` selects the portable rules; tests check that variant
+bit-exact against `gguf.quants.quantize` and the default bit-exact against llama.cpp's
+own `quantize_row_q8_0`.
+
+Outputs are int8 arrays (`qi`, for the integer kernels) and, on demand, the same small
+integers as float32 (`q`, for the float kernels: a product of two is exact in float32).
+Scales come back as float32 already rounded through f16 where ggml stores an f16.
+
+`fake_quant(X, vec_dot_type)` returns `q * d` as float32 -- exact for Q8_0/Q8_1 (8-bit
+times 11-bit) and within one rounding for Q8_K -- which lets matmul's "blas" path use
+float32 BLAS and still compute the numbers the integer kernels compute.
 """
 
 from __future__ import annotations
@@ -50,18 +58,21 @@ def _round_f16(v):
 
 @njit(cache=True)
 def _quant_q8_0_rows(x, qi, d16, s16, with_sum, reference):
-    """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32]; s16 f32[m, n/32] if with_sum."""
+    """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32];
+    s16 f32[m, n/32] if with_sum."""
     m, n = x.shape
     nb = n // 32
     xb = x.view(np.uint32)
     for t in range(m):
         for b in range(nb):
-            abits = np.uint32(0)  # largest |x| as an integer max over the bits (vectorizes; see Q8_K)
+            # largest |x| as an integer max over the bits (vectorizes; see Q8_K)
+            abits = np.uint32(0)
             for j in range(32):
                 abits = max(abits, xb[t, b * 32 + j] & np.uint32(0x7FFFFFFF))
             amax = u32_as_f32(abits)
             d = amax / _F127
-            if reference:  # ggml quantize_row_q8_0_ref / gguf-py: id = 1/d, round half away from zero
+            # ggml quantize_row_q8_0_ref / gguf-py: id = 1/d, round half away from 0
+            if reference:
                 idd = _F1 / d if d != _F0 else _F0
             else:  # ggml x86 AVX path: id = 127/amax, round half to even
                 idd = _F127 / amax if amax != _F0 else _F0
@@ -89,12 +100,13 @@ def _quant_q8_0_rows(x, qi, d16, s16, with_sum, reference):
 
 @njit(cache=True)
 def _quant_q8_k_rows(x, qi, d, bsum32):
-    """x f32[m, n] -> qi int8[m, n], d f32[m, n/256], bsum32 int32[m, n/32] (sum of qi per 32; ggml
-    keeps int16 sums per 16, bsums, and adds them in pairs).
+    """x f32[m, n] -> qi int8[m, n], d f32[m, n/256], bsum32 int32[m, n/32] (sum of qi
+    per 32; ggml keeps int16 sums per 16, bsums, and adds them in pairs).
 
-    ggml takes `max` = the first value of largest magnitude.  Found here in two vectorizable passes:
-    the largest |x| as an integer max over the bit patterns with the sign bit cleared (monotonic for
-    non-NaN floats), then the first index holding it: 2.8 -> 1.4 us for 1024 values."""
+    ggml takes `max` = the first value of largest magnitude.  Found here in two
+    vectorizable passes: the largest |x| as an integer max over the bit patterns with
+    the sign bit cleared (monotonic for non-NaN floats), then the first index holding
+    it: 2.8 -> 1.4 us for 1024 values."""
     m, n = x.shape
     nsb = n // 256
     xb = x.view(np.uint32)
@@ -128,20 +140,21 @@ def _quant_q8_k_rows(x, qi, d, bsum32):
 
 
 class QuantizedActivations:
-    """Activation rows converted to a weight format's `vec_dot_type` (see the module docstring).
+    """Activation rows converted to a weight format's `vec_dot_type`.
 
-    `qi` int8[m, n] the quantized activations (read by the VNNI kernels) and `q` float32[m, n] the same
-    small integers (read by the float kernels; made from `qi` on first use and kept);
-    `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
-    `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`); `bsum32` int32[m, n/32] for Q8_K (sums
-    of q per 32).  For F32/F16/BF16, `q` holds the (rounded) float activations and the other fields
-    are None.
+    `qi` int8[m, n] the quantized activations (read by the integer kernels) and `q`
+    float32[m, n] the same small integers (read by the float kernels; made from `qi` on
+    first use and kept); `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
+    `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`); `bsum32` int32[m, n/32]
+    for Q8_K (sums of q per 32).  For F32/F16/BF16, `q` holds the (rounded) float
+    activations and the other fields are None.
     """
 
     __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi")
 
     def __init__(self, kind, q, d=None, s=None, bsum32=None, qi=None):
-        self.kind, self._q, self.d, self.s, self.bsum32, self.qi = kind, q, d, s, bsum32, qi
+        self.kind, self._q, self.d, self.s = kind, q, d, s
+        self.bsum32, self.qi = bsum32, qi
 
     @property
     def q(self) -> np.ndarray:
@@ -149,23 +162,36 @@ class QuantizedActivations:
             self._q = self.qi.astype(np.float32)  # [m, n]
         return self._q
 
+    @property
+    def side(self) -> np.ndarray | None:
+        """The per-block array the weight kernels take after `d`: Q8_1's `s`, Q8_K's
+        `bsum32`; for Q8_0, `d` again (unused there: one kernel signature for all)."""
+        if self.s is not None:
+            return self.s
+        if self.bsum32 is not None:
+            return self.bsum32
+        return self.d
+
     def dequantized(self) -> np.ndarray:
-        """float32[m, n]: q * d per block (for F-types: the rounded activations themselves)."""
+        """float32[m, n]: q * d per block (F-types: the rounded activations)."""
         if self.d is None:
             return self.q
         m, n = self.q.shape
         qk = n // self.d.shape[1]
-        return (self.q.reshape(m, n // qk, qk) * self.d[:, :, None]).reshape(m, n)  # [m, n]
+        q3 = self.q.reshape(m, n // qk, qk)                  # [m, blocks, qk]
+        return (q3 * self.d[:, :, None]).reshape(m, n)      # [m, n]
 
 
 def round_to_f16(x: np.ndarray) -> np.ndarray:
-    """float32 copy of x rounded to the nearest half (ties to even), as `ggml_cpu_fp32_to_fp16`."""
+    """float32 copy of x rounded to the nearest half (ties to even), as ggml's
+    `ggml_cpu_fp32_to_fp16`."""
     with np.errstate(over="ignore"):
         return x.astype(np.float16).astype(np.float32)
 
 
 def round_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 copy of x rounded to bfloat16 with ggml's rule (nearest even; NaN stays a quiet NaN)."""
+    """float32 copy of x rounded to bfloat16 with ggml's rule (nearest even; a NaN
+    stays a quiet NaN)."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) >> 16) << 16
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
@@ -173,8 +199,9 @@ def round_to_bf16(x: np.ndarray) -> np.ndarray:
     return r.view(np.float32)
 
 
-def quantize_activations(x: np.ndarray, vec_dot_type, *, reference: bool = False) -> QuantizedActivations:
-    """Convert float32 activations x [n] or [m, n] to `vec_dot_type` (rows of whole blocks)."""
+def quantize_activations(x: np.ndarray, vec_dot_type, *,
+                         reference: bool = False) -> QuantizedActivations:
+    """Convert float32 activations x [n] or [m, n] to `vec_dot_type` (whole blocks)."""
     kind = vec_dot_type if type(vec_dot_type) is T else T(int(vec_dot_type))
     x2 = np.ascontiguousarray(x, dtype=np.float32)
     x2 = x2.reshape(1, -1) if x2.ndim == 1 else x2  # [m, n]
@@ -182,7 +209,8 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *, reference: bool = False
     # identity tests: Enum == and hash are Python-level calls, ~0.1 us each per matvec
     if kind is _Q8_K:
         if n % 256:
-            raise ValueError(f"activation rows of {n} values are not whole 256-element super-blocks")
+            raise ValueError(f"activation rows of {n} values are not whole "
+                             f"256-element super-blocks")
         qi = np.empty((m, n), np.int8)
         d = np.empty((m, n // 256), np.float32)
         bs = np.empty((m, n // 32), np.int32)
@@ -190,7 +218,8 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *, reference: bool = False
         return QuantizedActivations(kind, None, d, None, bs, qi)
     if kind is _Q8_0 or kind is _Q8_1:
         if n % 32:
-            raise ValueError(f"activation rows of {n} values are not whole 32-element blocks")
+            raise ValueError(f"activation rows of {n} values are not whole "
+                             f"32-element blocks")
         q1 = kind is _Q8_1
         qi = np.empty((m, n), np.int8)
         d = np.empty((m, n // 32), np.float32)
@@ -207,5 +236,6 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *, reference: bool = False
 
 
 def fake_quant(x: np.ndarray, vec_dot_type) -> np.ndarray:
-    """float32[m, n]: the activations after a round trip through `vec_dot_type` (q * d per block)."""
+    """float32[m, n]: the activations after a round trip through `vec_dot_type`
+    (q * d per block)."""
     return quantize_activations(x, vec_dot_type).dequantized()

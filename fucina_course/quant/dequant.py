@@ -1,31 +1,29 @@
 """Dequantization: GGML blocks -> float32, bit-exact against `gguf.quants.dequantize`.
 
-Every kernel here produces exactly the float32 values ggml's `dequantize_row_*` and gguf-py produce.
-That is easy to get right because the products involved are exact in float32 (an f16 scale has 11
-significant bits, a 6-bit sub-scale 6, a quant 4-8, so `d * sc * q` fits in 24 bits) -- except
-Q6_K, whose `(d * sc) * q` can need 25 bits; there the *order* `(d * sc) * q` (one rounding, the one
-ggml and gguf-py do) is what keeps us bit-exact, and the kernels are compiled without `fastmath` so
-LLVM may not re-associate it.
+Every kernel produces exactly the float32 values of ggml's `dequantize_row_*` and of
+gguf-py.  That is easy because the products are exact in float32 (an f16 scale has 11
+significant bits, a 6-bit sub-scale 6, a quant 4-8, so `d * sc * q` fits in 24 bits) --
+except Q6_K, whose `(d * sc) * q` can need 25 bits; there the *order* `(d * sc) * q`
+(one rounding, the one ggml and gguf-py do) keeps us bit-exact, and the kernels are
+compiled without `fastmath` so LLVM may not re-associate it.
 
-One kernel per format, all with the same shape of signature
+One kernel per format (table `DEQUANT_KERNELS`), all with the signature
 
-    _dq_<fmt>(w: uint8[n_rows, row_bytes] (read-only), rows: int64[k], r0: int64, out: float32[k, row_len])
+    _dq_<fmt>(w: uint8[n_rows, row_bytes] (read-only), rows: int64[k], r0: int64,
+              out: float32[k, row_len])
 
-which dequantizes source row `rows[i]` (or `r0 + i` when `rows` is empty) into `out[i]`.  The same
-kernel serves three callers: `dequantize` (the whole tensor, viewed as one block per row),
-`dequantize_rows` (an embedding gather) and the prefill path in prefill.py (a tile of consecutive
-weight rows, handed to BLAS right after).
+which dequantizes source row `rows[i]` (or `r0 + i` when `rows` is empty) into
+`out[i]`.  The same kernel serves `dequantize` (the whole tensor, one block per row),
+`dequantize_rows` (an embedding gather) and matmul's "blas" path (a tile of
+consecutive weight rows, handed to BLAS right after).  Block sizes and offsets are the
+`FORMATS` records' (literals inside numba code; each kernel names its record).
 
-The kernels are **serial and release the GIL** (`nogil=True`); `dequantize` splits big tensors
-over `numba.get_num_threads()` Python threads.  Rejected: `parallel=True` (numba's OpenMP pool).
-It dequantizes twice as fast on its own, but in the prefill loop, where every tile is followed by
-an OpenBLAS sgemm on the same two cores, the two thread pools spin-wait against each other: prefill
-Q8_0 3072x1024, m=256 fell from 215 GFLOP/s (serial tiles) to 101 GFLOP/s, and at m=16 from 40 to 5.
-(`OMP_WAIT_POLICY=PASSIVE` removes the fight but halves the decode kernels' speed.)
-
-Measured (Xeon Sapphire Rapids, 2 cores, numba 0.68.1): 1.4-1.7 G elements/s per thread.  The
-151936 x 896 token-embedding table, including the allocation of the 545 MB output: Q8_0 0.15 s on one
-thread, 0.08 s on two; Q5_0 0.12 s on one or two (gguf-py's numpy version: 0.6 s and 1.4 s).
+The kernels are **serial and release the GIL**; `dequantize` splits big tensors over
+Python threads.  `parallel=True` was rejected: twice as fast alone, but before each
+OpenBLAS sgemm of the prefill loop the two thread pools spin against each other on
+two cores, and prefill Q8_0 (m = 256) fell from 215 to 101 GFLOP/s
+(docs/BENCHMARKS.md#prefill-paths).  The 151936 x 896 token-embedding table
+dequantizes in 0.08 s (Q8_0, 2 threads; gguf-py's numpy version: 0.6 s).
 """
 
 from __future__ import annotations
@@ -38,10 +36,10 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from ._intrinsics import f16_to_f32
-from .formats import block_geometry, row_bytes
+from .formats import block_geometry, check_supported, row_bytes
 
 _EMPTY_ROWS = np.empty(0, dtype=np.int64)
-_BLOCKS_PER_THREAD = 1 << 16  # below this, one thread: starting a pool costs more than it saves
+_BLOCKS_PER_THREAD = 1 << 16  # below this, one thread: a pool costs more than it saves
 
 
 @njit(inline="always")
@@ -52,7 +50,8 @@ def _f16(w, i, o):
 
 @njit(inline="always")
 def _scale_min_k4(w, i, o, j):
-    """(sc, m) 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes at w[i, o:o+12]."""
+    """(sc, m): the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes
+    at w[i, o:o+12] (ggml's get_scale_min_k4)."""
     if j < 4:
         sc = w[i, o + j] & 63
         m = w[i, o + j + 4] & 63
@@ -67,10 +66,11 @@ def _src(rows, r0, i):
     return rows[i] if rows.size > 0 else r0 + i
 
 
-# --- 32-element blocks -----------------------------------------------------------------------------
+# --- 32-element blocks ----------------------------------------------------------------
 
 @njit(nogil=True, cache=True)
 def _dq_q8_0(w, rows, r0, out):
+    """FORMATS[Q8_0]: 34-byte blocks, d f16 | qs int8[32]."""
     nb = w.shape[1] // 34
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -83,6 +83,7 @@ def _dq_q8_0(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q4_0(w, rows, r0, out):
+    """FORMATS[Q4_0]: 18-byte blocks, d f16 | qs[16]."""
     nb = w.shape[1] // 18
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -97,6 +98,7 @@ def _dq_q4_0(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q4_1(w, rows, r0, out):
+    """FORMATS[Q4_1]: 20-byte blocks, d f16 | m f16 | qs[16]."""
     nb = w.shape[1] // 20
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -112,6 +114,7 @@ def _dq_q4_1(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q5_0(w, rows, r0, out):
+    """FORMATS[Q5_0]: 22-byte blocks, d f16 | qh u32 | qs[16]."""
     nb = w.shape[1] // 22
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -130,6 +133,7 @@ def _dq_q5_0(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q5_1(w, rows, r0, out):
+    """FORMATS[Q5_1]: 24-byte blocks, d f16 | m f16 | qh u32 | qs[16]."""
     nb = w.shape[1] // 24
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -147,11 +151,12 @@ def _dq_q5_1(w, rows, r0, out):
                 out[i, b * 32 + 16 + j] = d * np.float32(hi) + m
 
 
-# --- 256-element K-quant super-blocks ------------------------------------------------------------
+# --- 256-element K-quant super-blocks -------------------------------------------------
 
 @njit(nogil=True, cache=True)
 def _dq_q4_k(w, rows, r0, out):
-    # block: d f16 | dmin f16 | scales[12] | qs[128]; sub-block j of 32 uses 6-bit (sc_j, m_j)
+    """FORMATS[Q4_K]: 144-byte blocks, d f16 | dmin f16 | scales[12] | qs[128];
+    sub-block j of 32 elements uses the 6-bit (sc_j, m_j)."""
     nb = w.shape[1] // 144
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -159,7 +164,7 @@ def _dq_q4_k(w, rows, r0, out):
             o = b * 144
             d = _f16(w, s, o)
             dmin = _f16(w, s, o + 2)
-            for c in range(4):  # 64-element chunk: low nibbles = sub-block 2c, high = 2c+1
+            for c in range(4):  # 64 elements: low nibbles = sub-block 2c, high 2c+1
                 sc0, m0 = _scale_min_k4(w, s, o + 4, 2 * c)
                 sc1, m1 = _scale_min_k4(w, s, o + 4, 2 * c + 1)
                 d0 = d * sc0
@@ -175,7 +180,8 @@ def _dq_q4_k(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q5_k(w, rows, r0, out):
-    # block: d f16 | dmin f16 | scales[12] | qh[32] | qs[128]; bit j of qh[l] = 5th bit, sub-block j
+    """FORMATS[Q5_K]: 176-byte blocks, d | dmin | scales[12] | qh[32] | qs[128];
+    bit j of qh[l] is the 5th bit of element l of sub-block j."""
     nb = w.shape[1] // 176
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -202,7 +208,8 @@ def _dq_q5_k(w, rows, r0, out):
 
 @njit(nogil=True, cache=True)
 def _dq_q6_k(w, rows, r0, out):
-    # block: ql[128] | qh[64] | scales int8[16] | d f16; element e uses scale e // 16
+    """FORMATS[Q6_K]: 210-byte blocks, ql[128] | qh[64] | scales int8[16] | d f16;
+    element e uses scale e // 16."""
     nb = w.shape[1] // 210
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
@@ -233,7 +240,7 @@ def _dq_q6_k(w, rows, r0, out):
                         out[i, e + 96 + l] = d4 * np.float32(q4)
 
 
-# --- plain floats (for the prefill tiles and the row gather) ---------------------------------------
+# --- plain floats (for matmul's tiles and the row gather) -----------------------------
 
 @njit(nogil=True, cache=True)
 def _dq_f16(w, rows, r0, out):
@@ -241,7 +248,8 @@ def _dq_f16(w, rows, r0, out):
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
         for j in range(n):
-            out[i, j] = f16_to_f32(np.uint16(w[s, 2 * j]) | (np.uint16(w[s, 2 * j + 1]) << np.uint16(8)))
+            out[i, j] = f16_to_f32(np.uint16(w[s, 2 * j])
+                                   | (np.uint16(w[s, 2 * j + 1]) << np.uint16(8)))
 
 
 @njit(nogil=True, cache=True)
@@ -251,7 +259,8 @@ def _dq_bf16(w, rows, r0, out):
     for i in range(out.shape[0]):
         s = _src(rows, r0, i)
         for j in range(n):
-            ou[i, j] = (np.uint32(w[s, 2 * j]) << 16) | (np.uint32(w[s, 2 * j + 1]) << 24)
+            ou[i, j] = ((np.uint32(w[s, 2 * j]) << 16)
+                        | (np.uint32(w[s, 2 * j + 1]) << 24))
 
 
 @njit(nogil=True, cache=True)
@@ -262,21 +271,24 @@ def _dq_f32(w, rows, r0, out):
         s = _src(rows, r0, i)
         for j in range(n):
             ou[i, j] = (np.uint32(w[s, 4 * j]) | (np.uint32(w[s, 4 * j + 1]) << 8)
-                        | (np.uint32(w[s, 4 * j + 2]) << 16) | (np.uint32(w[s, 4 * j + 3]) << 24))
+                        | (np.uint32(w[s, 4 * j + 2]) << 16)
+                        | (np.uint32(w[s, 4 * j + 3]) << 24))
 
 
 DEQUANT_KERNELS = {
     T.F32: _dq_f32, T.F16: _dq_f16, T.BF16: _dq_bf16,
-    T.Q8_0: _dq_q8_0, T.Q4_0: _dq_q4_0, T.Q4_1: _dq_q4_1, T.Q5_0: _dq_q5_0, T.Q5_1: _dq_q5_1,
+    T.Q8_0: _dq_q8_0, T.Q4_0: _dq_q4_0, T.Q4_1: _dq_q4_1, T.Q5_0: _dq_q5_0,
+    T.Q5_1: _dq_q5_1,
     T.Q4_K: _dq_q4_k, T.Q5_K: _dq_q5_k, T.Q6_K: _dq_q6_k,
 }
 
 
 def as_readonly_u8(raw: np.ndarray) -> np.ndarray:
-    """A read-only, C-contiguous uint8 ndarray view of `raw` (one numba signature for mmap and RAM)."""
+    """A read-only, C-contiguous uint8 view of `raw` (one numba signature for mmap and
+    RAM)."""
     a = np.asarray(raw)
     if a.dtype != np.uint8:
-        a = a.view(np.uint8) if a.flags.c_contiguous else np.ascontiguousarray(a).view(np.uint8)
+        a = np.ascontiguousarray(a).view(np.uint8)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
     a = a.view()
@@ -284,17 +296,19 @@ def as_readonly_u8(raw: np.ndarray) -> np.ndarray:
     return a
 
 
-def dequantize_into(w2d: np.ndarray, ggml_type, r0: int, rows: np.ndarray | None, out: np.ndarray) -> np.ndarray:
-    """Dequantize rows of `w2d` (read-only uint8 [n_rows, row_bytes]) into float32 `out` [k, row_len].
+def dequantize_into(w2d: np.ndarray, ggml_type, r0: int, rows: np.ndarray | None,
+                    out: np.ndarray) -> np.ndarray:
+    """Dequantize rows of `w2d` (read-only uint8 [n_rows, row_bytes]) into float32
+    `out` [k, row_len].
 
     Source rows are `rows` if given, else `r0 .. r0 + k`.  No checks: callers validate.
     """
-    DEQUANT_KERNELS[T(int(ggml_type))](w2d, _EMPTY_ROWS if rows is None else rows, r0, out)
+    kernel = DEQUANT_KERNELS[T(int(ggml_type))]
+    kernel(w2d, _EMPTY_ROWS if rows is None else rows, r0, out)
     return out
 
 
 def _flat_bytes(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
-    from .formats import check_supported
     check_supported(ggml_type, "<raw>")
     qk, bpb = block_geometry(ggml_type)
     if n_elements % qk:
@@ -303,14 +317,17 @@ def _flat_bytes(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
     a = as_readonly_u8(raw).reshape(-1)
     need = n_elements // qk * bpb
     if a.size < need:
-        raise ValueError(f"{T(int(ggml_type)).name}: {n_elements} elements need {need} bytes, got {a.size}")
+        raise ValueError(f"{T(int(ggml_type)).name}: {n_elements} elements need {need} "
+                         f"bytes, got {a.size}")
     return a[:need]
 
 
 def dequantize(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
-    """float32[n_elements] holding the values of the first `n_elements` of `raw` (bytes of format `ggml_type`).
+    """float32[n_elements]: the first `n_elements` values of `raw` (bytes of format
+    `ggml_type`).
 
-    Bit-exact against `gguf.quants.dequantize`.  Returns a new array (never a view of `raw`).
+    Bit-exact against `gguf.quants.dequantize`.  Returns a new array (never a view of
+    `raw`).
     """
     t = T(int(ggml_type))
     a = _flat_bytes(raw, t, n_elements)
@@ -322,10 +339,11 @@ def dequantize(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
         return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
     qk, bpb = block_geometry(t)
     out = np.empty(n_elements, dtype=np.float32)
-    blocks = a.reshape(-1, bpb)                 # [n_blocks, bytes per block]: one block per "row"
+    blocks = a.reshape(-1, bpb)           # [n_blocks, block bytes]: one block per "row"
     out2 = out.reshape(-1, qk)                  # [n_blocks, qk]
     kernel = DEQUANT_KERNELS[t]
-    n_threads = min(numba.get_num_threads(), max(1, blocks.shape[0] // _BLOCKS_PER_THREAD))
+    n_threads = max(1, blocks.shape[0] // _BLOCKS_PER_THREAD)
+    n_threads = min(numba.get_num_threads(), n_threads)
     if n_threads <= 1:
         kernel(blocks, _EMPTY_ROWS, 0, out2)
         return out
@@ -339,17 +357,19 @@ def dequantize(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
 
 
 def dequantize_rows(raw: np.ndarray, ggml_type, row_len: int, rows) -> np.ndarray:
-    """float32[len(rows), row_len]: only the requested rows of a matrix stored row by row (embedding gather).
+    """float32[len(rows), row_len]: the requested rows of a matrix stored row by row
+    (an embedding gather).
 
-    `raw` may be flat or already [n_rows, row_bytes]; row indices may be negative (numpy style).
+    `raw` may be flat or already [n_rows, row_bytes]; row indices may be negative (numpy
+    style).
     """
-    from .formats import check_supported
     t = T(int(ggml_type))
     check_supported(t, "<raw>")
     rb = row_bytes(t, row_len)
     a = as_readonly_u8(raw).reshape(-1)
     if a.size % rb:
-        raise ValueError(f"{a.size} bytes is not a whole number of {rb}-byte {t.name} rows")
+        raise ValueError(f"{a.size} bytes is not a whole number of {rb}-byte {t.name} "
+                         f"rows")
     w2d = a.reshape(-1, rb)  # [n_rows, row_bytes]
     idx = np.asarray(rows, dtype=np.int64).reshape(-1)
     n_rows = w2d.shape[0]

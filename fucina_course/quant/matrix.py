@@ -6,30 +6,35 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from .dequant import as_readonly_u8, dequantize_into
-from .formats import VEC_DOT_TYPE, block_geometry, check_supported, row_bytes
+from .formats import FORMATS, VEC_DOT_TYPE, check_supported, row_bytes
 
 
 class QuantMatrix:
-    """A weight matrix W [n_out, n_in] (GGML shape (n_in, n_out)) kept in its block format.
+    """A weight matrix W [n_out, n_in] (GGML shape (n_in, n_out)) in its block format.
 
-    Nothing is widened or copied at construction: `raw` is a read-only uint8 view [n_out, row_bytes]
-    of the (memory-mapped) tensor bytes, `flat` the same bytes as one row (for the kernels' prefetch),
-    and for F16/BF16/F32 `wv` views the bytes as uint16/float32 [n_out, n_in].
+    Nothing is widened or copied at construction: `raw` is a read-only uint8 view
+    [n_out, row_bytes] of the (memory-mapped) tensor bytes, `flat` the same bytes as one
+    row (for the kernels' prefetch), and for F16/BF16/F32 `wv` views the bytes as
+    uint16/float32 [n_out, n_in].
 
-    No side arrays are precomputed: the kernels read each block's f16 scale directly (two bytes,
-    converted with `vcvtph2ps`).  A float32 copy of the Q8_0 scales was measured and rejected: it adds
-    12% memory traffic to a bandwidth-bound kernel and was not faster (see decode.py).
+    No side arrays are precomputed: the kernels read each block's f16 scale where it
+    lies.  A float32 copy of the Q8_0 scales streamed ~5% faster but was rejected: +12%
+    memory, and building it at load faults in every page of the mapped file before the
+    first token (docs/BENCHMARKS.md#float-kernels).
     """
 
-    __slots__ = ("name", "ggml_type", "n_out", "n_in", "raw", "flat", "wv", "vec_dot_type", "_parts")
+    __slots__ = ("name", "ggml_type", "n_out", "n_in", "raw", "flat", "wv",
+                 "vec_dot_type", "_parts")
 
-    def __init__(self, raw: np.ndarray, ggml_type, n_out: int, n_in: int, name: str = "<matrix>"):
+    def __init__(self, raw: np.ndarray, ggml_type, n_out: int, n_in: int,
+                 name: str = "<matrix>"):
         t = T(int(ggml_type))
         check_supported(t, name)
         rb = row_bytes(t, n_in)
         a = as_readonly_u8(raw).reshape(-1)
         if a.size != n_out * rb:
-            raise ValueError(f"tensor {name!r}: {a.size} bytes, expected {n_out} rows x {rb} bytes ({t.name})")
+            raise ValueError(f"tensor {name!r}: {a.size} bytes, expected {n_out} "
+                             f"rows x {rb} bytes ({t.name})")
         self.name = name
         self.ggml_type = t
         self.n_out = int(n_out)
@@ -46,16 +51,18 @@ class QuantMatrix:
         self._parts = None
 
     def kernel_parts(self) -> tuple[np.ndarray, int]:
-        """(int64[1, 3] (address of the bytes, rows, first output column), row bytes): the matrix as
-        the multi-row kernels (_simd.mm_*) take it.  The address stays valid while `self` lives."""
+        """(int64[1, 3] (address of the bytes, rows, first output column), row bytes):
+        the matrix as the multi-row kernels (_vnni_matmul.mm_*) take it.  The address
+        stays valid while `self` lives."""
         if self._parts is None:
-            self._parts = (np.array([[self.flat.ctypes.data, self.n_out, 0]], np.int64),
-                           row_bytes(self.ggml_type, self.n_in))
+            parts = np.array([[self.flat.ctypes.data, self.n_out, 0]], np.int64)
+            self._parts = (parts, row_bytes(self.ggml_type, self.n_in))
         return self._parts
 
     @classmethod
     def from_tensor(cls, t) -> "QuantMatrix":
-        """From a `gguf_file.TensorInfo`: GGML shape (n_in, d1, d2, ...) -> W [d1*d2*..., n_in]."""
+        """From a `gguf_file.TensorInfo`: GGML shape (n_in, d1, d2, ...) ->
+        W [d1*d2*..., n_in]."""
         check_supported(t.ggml_type, t.name)
         n_in = int(t.shape[0])
         n_out = int(np.prod(t.shape[1:], dtype=np.int64)) if len(t.shape) > 1 else 1
@@ -71,7 +78,7 @@ class QuantMatrix:
 
     @property
     def block_size(self) -> int:
-        return block_geometry(self.ggml_type)[0]
+        return FORMATS[self.ggml_type].block_size
 
     def dequantize(self, rows=None) -> np.ndarray:
         """float32 [n_out, n_in] (or [len(rows), n_in]), bit-exact with gguf-py."""
@@ -80,25 +87,31 @@ class QuantMatrix:
             return dequantize_into(self.raw, self.ggml_type, 0, None, out)
         idx = np.asarray(rows, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < -self.n_out or idx.max() >= self.n_out):
-            raise IndexError(f"row index out of range for {self.name!r} with {self.n_out} rows")
+            raise IndexError(f"row index out of range for {self.name!r} with "
+                             f"{self.n_out} rows")
         idx = np.where(idx < 0, idx + self.n_out, idx)
         out = np.empty((idx.size, self.n_in), np.float32)  # [len(rows), n_in]
-        return dequantize_into(self.raw, self.ggml_type, 0, idx, out) if idx.size else out
+        if idx.size:
+            dequantize_into(self.raw, self.ggml_type, 0, idx, out)
+        return out
 
     def __repr__(self) -> str:
-        return f"QuantMatrix({self.name!r}, {self.ggml_type.name}, n_out={self.n_out}, n_in={self.n_in})"
+        return (f"QuantMatrix({self.name!r}, {self.ggml_type.name}, "
+                f"n_out={self.n_out}, n_in={self.n_in})")
 
 
 class MultiMatrix:
-    """Several matrices of one format and row length, used as one [sum n_out, n_in] matrix.
+    """Several matrices of one format and row length, used as one [sum n_out, n_in].
 
-    For projections that read the same input (q/k/v, gate/up): `matvec`/`matmul` quantize the
-    activations once and run each part's kernel into its slice of one output, in order -- except the
-    multi-row integer kernels (prefill.py, path "rows"), which take all parts in one call.  The parts
-    stay separate memory-mapped tensors (nothing is concatenated).
+    For projections that read the same input (q/k/v, gate/up): `matvec`/`matmul`
+    quantize the activations once and run each part's kernel into its slice of one
+    output, in order -- except the multi-row integer kernels (matmul's path "rows"),
+    which take all parts in one call.  The parts stay separate memory-mapped tensors
+    (nothing is concatenated).
     """
 
-    __slots__ = ("parts", "ggml_type", "n_in", "n_out", "vec_dot_type", "name", "bounds", "_parts")
+    __slots__ = ("parts", "ggml_type", "n_in", "n_out", "vec_dot_type", "name",
+                 "bounds", "_parts")
 
     def __init__(self, parts):
         parts = list(parts)
@@ -106,23 +119,27 @@ class MultiMatrix:
             raise ValueError("MultiMatrix needs at least one matrix")
         kinds = {(p.ggml_type, p.n_in) for p in parts}
         if len(kinds) != 1:
-            raise ValueError("MultiMatrix parts must share one format and one row length, got "
-                             + ", ".join(f"{p.name}: {p.ggml_type.name} x {p.n_in}" for p in parts))
+            got = ", ".join(f"{p.name}: {p.ggml_type.name} x {p.n_in}" for p in parts)
+            raise ValueError(f"MultiMatrix parts must share one format and one row "
+                             f"length, got {got}")
         self.parts = parts
         self.ggml_type = parts[0].ggml_type
         self.n_in = parts[0].n_in
         ends = np.cumsum([p.n_out for p in parts])
         self.n_out = int(ends[-1])
-        self.bounds = [(int(e - p.n_out), int(e)) for p, e in zip(parts, ends)]  # output slice of each part
+        # the output slice of each part
+        self.bounds = [(int(e - p.n_out), int(e)) for p, e in zip(parts, ends)]
         self.vec_dot_type = parts[0].vec_dot_type
         self.name = "+".join(p.name for p in parts)
         self._parts = None
 
     def kernel_parts(self) -> tuple[np.ndarray, int]:
-        """(int64[P, 3], row bytes): every part as (address, rows, first output column), so that one
-        multi-row kernel call covers all parts (one parallel region, activations prepared once)."""
+        """(int64[P, 3], row bytes): every part as (address, rows, first output column),
+        so that one multi-row kernel call covers all parts (one parallel region,
+        activations prepared once)."""
         if self._parts is None:
-            rows = np.array([[p.flat.ctypes.data, p.n_out, a] for p, (a, _) in zip(self.parts, self.bounds)], np.int64)
+            rows = np.array([[p.flat.ctypes.data, p.n_out, a]
+                             for p, (a, _) in zip(self.parts, self.bounds)], np.int64)
             self._parts = (rows, row_bytes(self.ggml_type, self.n_in))
         return self._parts
 
@@ -135,7 +152,9 @@ class MultiMatrix:
         return sum(p.nbytes for p in self.parts)
 
     def dequantize(self) -> np.ndarray:
-        return np.concatenate([p.dequantize() for p in self.parts], axis=0)  # [n_out, n_in]
+        parts = [p.dequantize() for p in self.parts]
+        return np.concatenate(parts, axis=0)                    # [n_out, n_in]
 
     def __repr__(self) -> str:
-        return f"MultiMatrix({self.name!r}, {self.ggml_type.name}, n_out={self.n_out}, n_in={self.n_in})"
+        return (f"MultiMatrix({self.name!r}, {self.ggml_type.name}, "
+                f"n_out={self.n_out}, n_in={self.n_in})")
