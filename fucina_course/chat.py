@@ -779,25 +779,26 @@ class Conversation:
 
     @staticmethod
     def _run(turns: list[_Turn]) -> list[Reply]:
+        """Prefill each turn, then: sample -> stop check -> stream (in `choose`),
+        one forward step for every answer still running, commit."""
         model = turns[0].conv.model
-        done: list[_Turn] = []
         try:
-            logits = {id(t): t.prefill() for t in turns}
-            active = list(turns)
-            while active:
-                picks = [(t, t.choose(logits[id(t)])) for t in active]
-                active = [t for t, tid in picks if tid is not None]
-                ids = [tid for _, tid in picks if tid is not None]
-                if not active:
+            logits = [t.prefill() for t in turns]
+            running = list(range(len(turns)))
+            while running:
+                picks = {i: turns[i].choose(logits[i]) for i in running}
+                running = [i for i in running if picks[i] is not None]
+                if not running:
                     break
-                if len(active) == 1:
-                    t = active[0]
-                    out = [model.forward_step(ids, t.conv.cache.len, t.conv.cache)]
-                else:
-                    out = model.forward_step_batch(ids, [t.conv.cache for t in active])
-                for row, (t, tid) in enumerate(zip(active, ids)):
-                    t.commit(tid)
-                    logits[id(t)] = out[row]
+                ids = [picks[i] for i in running]
+                caches = [turns[i].conv.cache for i in running]
+                if len(running) == 1:    # one stream: the plain decode step
+                    out = [model.forward_step(ids, caches[0].len, caches[0])]
+                else:                    # N streams: the weights are read once
+                    out = model.forward_step_batch(ids, caches)
+                for row, i in enumerate(running):
+                    turns[i].commit(ids[row])
+                    logits[i] = out[row]
         except KeyboardInterrupt:
             for t in turns:  # keep what is in the caches; a turn not prefilled is void
                 if t.started:
