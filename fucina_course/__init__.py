@@ -21,13 +21,14 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
     oracles.py       the engine checked against itself: cached == uncached
     bench.py         the prefill/decode timing harness of `fucina bench` and the book
-    viz.py, widgets.py   plots and ipywidgets of the chapters
+    viz.py, widgets.py, sampler_widget.py   plots and widgets of the chapters
     cli.py           the `fucina` command
 
 To add a model family: a record in families.py (and an op in ops.py if it needs a new
-one). To add a block format: a record in quant/formats.py plus its kernels, registered
-in the dispatch tables of quant/matvec.py and quant/matmul.py.  To add a sampling stage:
-a function in sampler.py and its place in `Sampler`'s fixed pipeline.
+one).  A block format: a record in quant/formats.py plus its kernels, entered in the
+(format, level) tables of quant/matvec.py and quant/matmul.py.  An instruction-set level:
+a name and its CPU features in quant/isa.py, then kernels and table entries.  A sampling
+stage: a function in sampler.py and its place in `Sampler`'s fixed pipeline.
 
 The names re-exported here are the public API; everything else may change between
 chapters. Importing the package is cheap on purpose: the public names are loaded on
