@@ -53,6 +53,8 @@ SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4                 # GGML_MAX_DIMS
 MAX_NAME_BYTES = 63          # GGML_MAX_NAME - 1 (the C struct keeps a terminating NUL)
 MAX_STRING_BYTES = 1 << 30   # llama.cpp's GGUF_MAX_STRING_LENGTH
+MAX_STRING_ARRAY = 1 << 24   # strings per array (ours: bounds the offset tables to
+                             # 256 MiB; the longest real array, a vocabulary, is ~262k)
 _MIN_KV_BYTES = 14           # key length 8 + key >= 1 + type 4 + smallest value 1
 _MIN_TENSOR_INFO_BYTES = 25  # name length 8 + name >= 1 + n_dims 4 + type 4 + offset 8
 _U64 = struct.Struct("<Q")
@@ -184,22 +186,33 @@ class _CheckedReader(GGUFReader):
             if count > remaining // 8:
                 raise _Truncated(f"{self._where} claims {count:,} strings but only "
                                  f"{remaining:,} bytes follow")
-            starts = np.empty(count, dtype=np.int64)
-            lengths = np.empty(count, dtype=np.int64)
+            if count > MAX_STRING_ARRAY:
+                raise _Corrupt(f"{self._where} holds {count:,} strings; at most "
+                               f"{MAX_STRING_ARRAY:,} are accepted")
+            # The walk keeps only the lengths (a list append is cheaper than a numpy
+            # store; the starts are a cumulative sum afterwards): ~25 ms per 151k
+            # strings, against ~36 ms for filling two preallocated arrays.
+            lengths: list[int] = []
+            keep, first = lengths.append, offs
             buf, unpack, end = memoryview(self.data), _U64.unpack_from, len(self.data)
             try:
-                for i in range(count):
+                for _ in range(count):
                     (n,) = unpack(buf, offs)
-                    starts[i] = offs + 8
-                    lengths[i] = n
+                    keep(n)
                     offs += 8 + n
             except (struct.error, OverflowError):
                 offs = end + 1  # a length ran past the end (or past 2^63)
             if offs > end:
                 raise _Truncated(f"{self._where}: its strings run past the end of the "
                                  "file")
-            parts = _LazyStringParts(self.data, [raw_itype, alen], starts, lengths)
-            idxs = list(range(3, 3 + 2 * count, 2))
+            sizes = np.array(lengths, dtype=np.int64)  # all < file size: no overflow
+            starts = np.empty(count, dtype=np.int64)
+            if count:
+                starts[0] = first + 8
+                np.cumsum(sizes[:-1] + 8, out=starts[1:])
+                starts[1:] += first + 8
+            parts = _LazyStringParts(self.data, [raw_itype, alen], starts, sizes)
+            idxs = range(3, 3 + 2 * count, 2)  # lazy: contents() indexes it like a list
             return offs - orig_offs, parts, idxs, [GGUFValueType.ARRAY, itype]
         nptype = self.gguf_scalar_to_np[itype]
         size = np.dtype(nptype).itemsize
@@ -239,10 +252,11 @@ class _CheckedReader(GGUFReader):
             size, parts, idxs, types = self._get_field_parts(offs, raw_kv_type[0])
             if isinstance(parts, _LazyStringParts):
                 parts.prepend(key_parts)
+                idxs = range(idxs.start + 3, idxs.stop + 3, idxs.step)
             else:
                 parts = key_parts + parts
-            self._push_field(ReaderField(orig_offs, key, parts,
-                                         [j + len(key_parts) for j in idxs], types),
+                idxs = [j + 3 for j in idxs]
+            self._push_field(ReaderField(orig_offs, key, parts, idxs, types),
                              skip_sum=True)
             offs += size
         return offs

@@ -306,3 +306,10 @@ def test_a_long_garbage_key_is_cut_in_the_message(tmp_path):
                                              "value type 13") as info:
         GGUFFile(write(tmp_path, doc))
     assert len(str(info.value)) < 300
+
+
+def test_string_arrays_have_a_stated_limit(tmp_path, monkeypatch):
+    from fucina_course import gguf_file
+
+    monkeypatch.setattr(gguf_file, "MAX_STRING_ARRAY", 1)
+    rejects(tmp_path, small_doc(), "'some.strs' holds 2 strings; at most 1 are")

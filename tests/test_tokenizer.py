@@ -279,3 +279,17 @@ def test_from_gguf_errors_name_the_file(tmp_path):
     path.write_bytes(serialize(Doc(3, kvs, [], 32, b""))[0])
     with pytest.raises(TokenizerError, match=r"vocab\.gguf: the EOS token id 9 is out"):
         Tokenizer.from_gguf(GGUFFile(path))
+
+
+def test_a_repeated_merge_keeps_its_first_rank():
+    tok = Tokenizer.from_parts(ABC, ["a b", "b c", "a b"], [TokenType.NORMAL] * 4)
+    assert tok.ranks == {(b"a", b"b"): 0, (b"b", b"c"): 1}
+    assert list(tok.ranks) == [(b"a", b"b"), (b"b", b"c")]  # rank order
+
+
+def test_unmap_many_equals_one_at_a_time():
+    from fucina_course.tokenizer import unmap_many
+
+    texts = ["ĠHello", "", "Ċ", "日本", "abc", "Ġ", "\u0100x"]
+    assert unmap_many(texts) == [unmap_token_text(t) for t in texts]
+    assert unmap_many(texts[2:3] + ["ok"]) == [b"\n", b"ok"]
