@@ -52,7 +52,9 @@ _SCRIPT = r"""
       ? (v <= 0 ? f(v * f(s.repeat_penalty)) : f(v / f(s.repeat_penalty))) : f(v));
     const order = [...Array(n).keys()]
       .sort((a, b) => x[b] - x[a] || D.ids[a] - D.ids[b]);     // ties: lower id
-    if (s.temperature <= 0) return {order, x, kept: [order[0]], probs: [1], pre: [1]};
+    if (s.temperature <= 0) {
+      return {order, x, kept: [order[0]], probs: [1], pre: [1], nucleus: 1};
+    }
     const k = Math.min(s.top_k > 0 ? s.top_k : n, n);
     const cand = order.slice(0, k);
     const t = f(s.temperature);
@@ -61,7 +63,7 @@ _SCRIPT = r"""
     let sum = f(0);
     for (const v of e) sum = f(sum + v);
     const p = e.map((v) => f(v / sum));
-    let keep = k;
+    let keep = k;                 // after top-p, then after min-p
     if (s.top_p < 1) {
       let cum = f(0);
       const target = f(s.top_p);
@@ -70,13 +72,14 @@ _SCRIPT = r"""
         if (cum >= target) { keep = i + 1; break; }
       }
     }
+    const nucleus = keep;
     if (s.min_p > 0) {
       const floor = f(scaled[0] + f(Math.log(s.min_p)));
       for (let i = 1; i < keep; i++) if (scaled[i] < floor) { keep = i; break; }
     }
     let total = 0;
     for (let i = 0; i < keep; i++) total += p[i];
-    return {order, x, kept: cand.slice(0, keep),
+    return {order, x, kept: cand.slice(0, keep), nucleus,
             probs: p.slice(0, keep).map((v) => v / total), pre: p};
   }
 
@@ -108,8 +111,9 @@ _SCRIPT = r"""
       const before = s.temperature > 0 && r < d.pre.length ? d.pre[r] : 0;
       const label = D.labels[i] + (D.repeats[i] ? " \u21ba" : "");
       const why = p !== undefined ? (100 * p).toFixed(1) + "%"
-        : s.temperature <= 0 ? "greedy: not max"
-        : r >= d.pre.length ? "cut by top-k" : "cut by top/min-p";
+        : s.temperature <= 0 ? "greedy: no"
+        : r >= d.pre.length ? "cut: top-k" : r >= d.nucleus ? "cut: top-p"
+        : "cut: min-p";
       return `<tr><td class="fw-tok">${label}</td><td class="fw-bar">` +
         (p !== undefined ? bar(p / scale, "#1f6feb") : bar(before / scale, "#d0d7de")) +
         `</td><td class="fw-p">${why}</td></tr>`;
