@@ -59,10 +59,10 @@ def test_fuzz_campaign(bases, tmp_path):
     assert summary["outcomes"].get("clean", 0) > CASES // 2  # the mutations do bite
 
 
-# Kinds whose damage `fucina info` sees too (it reads the container, the config and the
-# tokenizer, not the weights); `generate` must reject every must-reject kind.
-INFO_KINDS = {"truncate", "lying_count", "type_tag", "alignment", "tensor_offset",
-              "tensor_type", "header", "tokenizer"}
+# `generate` must reject a file of every must-reject kind; `info` (which reads the
+# container, the config and the tokenizer, not the weights) is tried on four kinds whose
+# damage it sees.  Each call is a fresh process (~1-2 s of imports), hence the sample.
+INFO_KINDS = {"truncate", "lying_count", "header", "tokenizer"}
 
 
 def _fucina(*args: str) -> subprocess.CompletedProcess:
