@@ -55,6 +55,8 @@ MAX_NAME_BYTES = 63          # GGML_MAX_NAME - 1 (the C struct keeps a terminati
 MAX_STRING_BYTES = 1 << 30   # llama.cpp's GGUF_MAX_STRING_LENGTH
 MAX_STRING_ARRAY = 1 << 24   # strings per array (ours: bounds the offset tables to
                              # 256 MiB; the longest real array, a vocabulary, is ~262k)
+MAX_KEYS = 1 << 16           # metadata keys, and tensors (ours: each costs Python
+MAX_TENSORS = 1 << 16        # objects; real files have ~50 keys and <= ~2,000 tensors)
 _MIN_KV_BYTES = 14           # key length 8 + key >= 1 + type 4 + smallest value 1
 _MIN_TENSOR_INFO_BYTES = 25  # name length 8 + name >= 1 + n_dims 4 + type 4 + offset 8
 _U64 = struct.Struct("<Q")
@@ -232,6 +234,9 @@ class _CheckedReader(GGUFReader):
         if count > remaining // _MIN_KV_BYTES:
             raise _Truncated(f"the header claims {count:,} metadata keys but only "
                              f"{remaining:,} bytes follow")
+        if count > MAX_KEYS:
+            raise _Corrupt(f"the header claims {count:,} metadata keys; at most "
+                           f"{MAX_KEYS:,} are accepted")
         for i in range(count):
             orig_offs = offs
             self._where = f"metadata key #{i}"
@@ -282,6 +287,9 @@ class _CheckedReader(GGUFReader):
         if count > remaining // _MIN_TENSOR_INFO_BYTES:
             raise _Truncated(f"the header claims {count:,} tensors but only "
                              f"{remaining:,} bytes follow")
+        if count > MAX_TENSORS:
+            raise _Corrupt(f"the header claims {count:,} tensors; at most "
+                           f"{MAX_TENSORS:,} are accepted")
         fields, names = [], set()
         for i in range(count):
             orig_offs = offs
@@ -479,6 +487,13 @@ class GGUFFile:
             raise MetadataError(f"{self.path}: metadata key {key!r} should be a "
                                 "numeric array")
         return field.parts[field.data[0]]
+
+    def array_length(self, key: str) -> int:
+        """Elements of an array key, without reading them (to check before building)."""
+        field = self._field(key)
+        if field.types[:1] != [GGUFValueType.ARRAY]:
+            raise MetadataError(f"{self.path}: metadata key {key!r} should be an array")
+        return len(field.data)
 
     def get_strings(self, key: str) -> list[bytes]:
         """A string-array key as a list of raw bytes, in one pass over the mapping."""

@@ -327,6 +327,11 @@ class Tokenizer:
         if not gguf.has("tokenizer.ggml.merges"):
             raise TokenizerError(f"{path}: the BPE tokenizer has no merges "
                                  "('tokenizer.ggml.merges' is missing)")
+        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
+            n = gguf.array_length(key)  # before building millions of Python strings
+            if n > MAX_VOCAB:
+                raise TokenizerError(f"{path}: {key!r} holds {n:,} entries; at most "
+                                     f"{MAX_VOCAB:,} are accepted")
         tokens = [t.decode("utf-8", errors="replace")
                   for t in gguf.get_strings("tokenizer.ggml.tokens")]
         merges = [m.decode("utf-8", errors="replace")

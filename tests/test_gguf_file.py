@@ -313,3 +313,13 @@ def test_string_arrays_have_a_stated_limit(tmp_path, monkeypatch):
 
     monkeypatch.setattr(gguf_file, "MAX_STRING_ARRAY", 1)
     rejects(tmp_path, small_doc(), "'some.strs' holds 2 strings; at most 1 are")
+
+
+def test_key_and_tensor_counts_have_stated_limits(tmp_path, monkeypatch):
+    from fucina_course import gguf_file
+
+    monkeypatch.setattr(gguf_file, "MAX_KEYS", 4)
+    rejects(tmp_path, small_doc(), "claims 5 metadata keys; at most 4 are accepted")
+    monkeypatch.setattr(gguf_file, "MAX_KEYS", 5)
+    monkeypatch.setattr(gguf_file, "MAX_TENSORS", 1)
+    rejects(tmp_path, small_doc(), "claims 2 tensors; at most 1 are accepted")

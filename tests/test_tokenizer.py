@@ -264,7 +264,7 @@ def test_empty_and_oversized_vocabularies():
         Tokenizer.from_parts(ABC, ["a b"] * (MAX_VOCAB + 1), [TokenType.NORMAL] * 4)
 
 
-def test_from_gguf_errors_name_the_file(tmp_path):
+def test_from_gguf_errors_name_the_file(tmp_path, monkeypatch):
     from gguf_fuzz import ARR, I32, KV, STR, U32, Doc, serialize
 
     from fucina_course import GGUFFile
@@ -278,6 +278,13 @@ def test_from_gguf_errors_name_the_file(tmp_path):
     path = tmp_path / "vocab.gguf"
     path.write_bytes(serialize(Doc(3, kvs, [], 32, b""))[0])
     with pytest.raises(TokenizerError, match=r"vocab\.gguf: the EOS token id 9 is out"):
+        Tokenizer.from_gguf(GGUFFile(path))
+    # The size limit is checked before a single token string is built.
+    from fucina_course import tokenizer
+
+    monkeypatch.setattr(tokenizer, "MAX_VOCAB", 3)
+    match = "'tokenizer.ggml.tokens' holds 4 entries; at most 3 are accepted"
+    with pytest.raises(TokenizerError, match=match):
         Tokenizer.from_gguf(GGUFFile(path))
 
 
