@@ -55,6 +55,8 @@ _PUBLIC = {
     "KvCache": "kv_cache",
     "Model": "model",
     "load_model": "catalog",
+    "Sampler": "sampler", "SamplerConfig": "sampler",
+    "Conversation": "chat", "ChatTemplate": "chat",
     **{name: "errors" for name in (
         "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture",
         "UnsupportedFormat",
