@@ -20,7 +20,9 @@ maintained next to llama.cpp), subclassed here for three reasons:
   exactly where the previous tensor's padded bytes end (the data section is the
   tensors, in table order, nothing else: this is what catches a type relabelled to one
   of another size); every byte inside the file.  Bytes after the last tensor beyond its
-  padding are an error too: only a lying tensor table leaves them.
+  padding are an error too: only a lying tensor table leaves them.  Beyond llama.cpp's
+  rules, stated limits bound what a big hostile file can make us allocate (MAX_* below:
+  2^24 strings per array, 2^16 keys, 2^16 tensors).
 * **Typed getters.**  `get_int`, `get_float`, `get_str`, `get_bool`, `get_array`,
   `get_strings` check the stored type and raise `MetadataError` naming the file and the
   key.  Structural integers (layer count, head count, ...) are read with

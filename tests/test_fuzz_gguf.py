@@ -5,7 +5,7 @@ docs/RELIABILITY.md lists the mutation kinds and the counts of the last full run
 case runs in a worker process (a segfault fails one case, not the run) under a memory
 cap, and does what a user does: `Model.load`, tokenize, a prefill, one decode step.
 
-The campaign takes ~35 s on 2 busy cores here (1,000 cases, 2 workers, 2026-12-01);
+The campaign takes ~35 s on 2 busy cores here (1,000 cases, 2 workers, 2026-11-30);
 speed is recorded in docs/RELIABILITY.md rather than asserted, like every timing in
 this suite.
 """
