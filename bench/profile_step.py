@@ -44,8 +44,8 @@ def main() -> None:
     for _ in range(steps):
         model.forward_step([7], cache.len, cache)
     per_step = (time.perf_counter() - t) / steps
-    weights = sum(p.nbytes for layer in model.layers
-                  for p in (*layer.qkv.parts, layer.attn_out, *layer.gate_up.parts, layer.down)) + model.output.nbytes
+    weights = sum(p.nbytes for layer in model.layers for p in (*layer.qkv.parts, layer.attn_out)) \
+        + sum(layer.ffn.nbytes_per_token for layer in model.layers) + model.output.nbytes
     print(f"decode at position ~{args.context}: {per_step * 1e3:.1f} ms/token ({1 / per_step:.1f} tok/s), "
           f"{weights / 2**20:.0f} MiB of weights read per token = {weights / per_step / 1e9:.1f} GB/s")
     for stage, secs in sorted(model.profile.items(), key=lambda kv: -kv[1]):

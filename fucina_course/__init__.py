@@ -14,6 +14,7 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     ops.py           RMSNorm, RoPE, SwiGLU
     attention.py     grouped-query causal attention: prefill and decode kernels
     kv_cache.py      KvCache: past K/V (f16 or q8_0); append, advance, truncate
+    moe.py           mixture of experts: router top-k, routed SwiGLU experts (qwen3moe)
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat.py          chat templates; Conversation (multi-turn, streaming, prefix reuse)

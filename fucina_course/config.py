@@ -64,6 +64,10 @@ class Config:
         def moe_int(suffix: str) -> int:
             return gguf.get_int(key(suffix), positive=True) if moe else 0
 
+        if moe and moe_int("expert_used_count") > moe_int("expert_count"):
+            raise MetadataError(
+                f"{gguf.path}: {moe_int('expert_used_count')} experts per token "
+                f"cannot be chosen from {moe_int('expert_count')}")
         if gguf.has(key("vocab_size")):
             vocab = gguf.get_int(key("vocab_size"), positive=True)
         elif "token_embd.weight" in gguf.tensors:

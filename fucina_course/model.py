@@ -6,7 +6,12 @@ Per layer, in code order (`attention_block`, `ffn_block`):
     q, k = per-head rmsnorm(q), rmsnorm(k)                  (qwen3)
     q, k = rope(q, positions), rope(k, positions)
     x = x + attention(q, K_cache + k, V_cache + v) Wo       # residual add
-    h = rmsnorm(x) ; x = x + (silu(h Wgate) * h Wup) Wdown  # residual add
+    h = rmsnorm(x) ; x = x + ffn(h)                         # residual add
+
+where `ffn` is decided once, at load, by the family: a dense SwiGLU
+`(silu(h Wgate) * h Wup) Wdown` (`DenseFfn`), or a router choosing k of E such FFNs per
+token (`moe.MoeFfn`, qwen3moe).  Both are called the same way, so `ffn_block` does not
+know which it runs.
 
 Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block
 reads it through a norm and adds its contribution back.  Which switches apply is the
@@ -52,8 +57,26 @@ from .config import Config
 from .errors import FucinaError, InvalidSequenceLength, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
+from .moe import MoeFfn, load_moe_ffn
 from .ops import apply_rope, rms_norm, rope_angles, swiglu
 from .weights import FusedLinear, LinearWeight, WeightReader
+
+
+class DenseFfn:
+    """The SwiGLU feed-forward network: h `[n, hidden]` -> `[n, hidden]`."""
+
+    def __init__(self, gate_up: FusedLinear, down: LinearWeight):
+        self.gate_up = gate_up   # Wgate, Wup [ffn, hidden]
+        self.down = down         # Wdown [hidden, ffn]
+
+    def __call__(self, h: np.ndarray, path: str = "auto") -> np.ndarray:
+        gate, up = self.gate_up(h, path)                        # [n, ffn] each
+        return self.down(swiglu(gate, up), path)                # [n, hidden]
+
+    @property
+    def nbytes_per_token(self) -> int:
+        """Weight bytes one decoded token reads: all of them."""
+        return sum(p.nbytes for p in self.gate_up.parts) + self.down.nbytes
 
 
 @dataclass
@@ -66,8 +89,7 @@ class Layer:
     k_norm: np.ndarray | None    # [D] (qwen3 only)
     attn_out: LinearWeight       # Wo [hidden, H*D]
     ffn_norm: np.ndarray         # [hidden]
-    gate_up: FusedLinear         # Wgate, Wup [ffn, hidden]
-    down: LinearWeight           # Wdown [hidden, ffn]
+    ffn: DenseFfn | MoeFfn       # h [n, hidden] -> [n, hidden]
 
 
 @dataclass
@@ -102,17 +124,18 @@ def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index:
 
 
 def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
-    """x `[n, hidden]` -> the SwiGLU feed-forward block's contribution `[n, hidden]`."""
+    """x `[n, hidden]` -> the feed-forward block's contribution `[n, hidden]`."""
     h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)           # [n, hidden]
-    gate, up = layer.gate_up(h, step.path)                      # [n, ffn] each
-    return layer.down(swiglu(gate, up), step.path)              # [n, hidden]
+    return layer.ffn(h, step.path)                              # dense or experts
 
 
-def load_layer(w: WeightReader, cfg: Config, i: int) -> Layer:
+def load_layer(w: WeightReader, cfg: Config, i: int,
+               expert_top_p: float = 1.0) -> Layer:
     """Layer i's weights, every shape checked against the config."""
     fam, b = cfg.family, f"blk.{i}."
-    h, D, ffn = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
-    qd, kvd = cfg.q_dim, cfg.kv_dim
+    h, D, qd, kvd = cfg.hidden_size, cfg.head_dim, cfg.q_dim, cfg.kv_dim
+    ffn = (load_moe_ffn(w, cfg, b, expert_top_p) if fam.moe  # the family decides
+           else load_dense_ffn(w, cfg, b))
     return Layer(
         attn_norm=w.vector(b + "attn_norm.weight", h),
         qkv=FusedLinear([w.linear(b + "attn_q", qd, h, bias=fam.qkv_bias),
@@ -122,10 +145,15 @@ def load_layer(w: WeightReader, cfg: Config, i: int) -> Layer:
         k_norm=w.vector(b + "attn_k_norm.weight", D) if fam.qk_norm else None,
         attn_out=w.linear(b + "attn_output", h, qd),
         ffn_norm=w.vector(b + "ffn_norm.weight", h),
-        gate_up=FusedLinear([w.linear(b + "ffn_gate", ffn, h),
-                             w.linear(b + "ffn_up", ffn, h)]),
-        down=w.linear(b + "ffn_down", h, ffn),
+        ffn=ffn,
     )
+
+
+def load_dense_ffn(w: WeightReader, cfg: Config, prefix: str) -> DenseFfn:
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    return DenseFfn(FusedLinear([w.linear(prefix + "ffn_gate", f, h),
+                                 w.linear(prefix + "ffn_up", f, h)]),
+                    w.linear(prefix + "ffn_down", h, f))
 
 
 class Model:
@@ -142,19 +170,19 @@ class Model:
     # --- loading ----------------------------------------------------------------------
 
     @classmethod
-    def load(cls, path: str | os.PathLike, *, threads: int | None = None) -> "Model":
+    def load(cls, path: str | os.PathLike, *, threads: int | None = None,
+             expert_top_p: float = 1.0) -> "Model":
         """Open a GGUF file, read its config and tokenizer, map its weights.
 
-        A model *name* ("qwen2.5-coder-0.5b") becomes a path in `catalog.load_model`."""
+        A model *name* ("qwen2.5-coder-0.5b") becomes a path in `catalog.load_model`.
+        `expert_top_p` (MoE only; see moe.py): below 1, drop low-weight experts."""
         from .tokenizer import Tokenizer
 
+        _check_top_p(expert_top_p)
         if threads:
             set_threads(threads)
         gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
-        if cfg.family.moe:
-            raise FucinaError(f"{gguf.path}: mixture-of-experts models ({cfg.arch}) "
-                              "are not supported by this engine yet")
         has_vocab = gguf.has("tokenizer.ggml.tokens")
         tokenizer = Tokenizer.from_gguf(gguf) if has_vocab else None
         w = WeightReader(gguf)
@@ -162,13 +190,26 @@ class Model:
         # Tied: without output.weight the embedding is the lm_head (the same object).
         output = (w.linear("output", cfg.vocab_size, cfg.hidden_size)
                   if w.has("output") else embedding)
-        layers = [load_layer(w, cfg, i) for i in range(cfg.num_layers)]
+        layers = [load_layer(w, cfg, i, expert_top_p) for i in range(cfg.num_layers)]
         output_norm = w.vector("output_norm.weight", cfg.hidden_size)
         return cls(gguf, cfg, tokenizer, embedding, layers, output_norm, output)
 
     @property
     def path(self) -> Path:
         return self.gguf.path
+
+    @property
+    def expert_top_p(self) -> float:
+        """MoE models: the experts' top-p (>= 1: every routed expert runs)."""
+        return next((layer.ffn.top_p for layer in self.layers
+                     if isinstance(layer.ffn, MoeFfn)), 1.0)
+
+    @expert_top_p.setter
+    def expert_top_p(self, p: float) -> None:
+        _check_top_p(p)
+        for layer in self.layers:
+            if isinstance(layer.ffn, MoeFfn):
+                layer.ffn.top_p = float(p)
 
     def new_cache(self, capacity: int | None = None,
                   cache_type: str = "f16") -> KvCache:
@@ -308,6 +349,11 @@ class Model:
                 "positions (pos0 must equal the cache length)")
         cache.check_room(n)
         return cache
+
+
+def _check_top_p(p: float) -> None:
+    if not p > 0:  # also NaN
+        raise FucinaError(f"expert top-p must be a number above 0, got {p}")
 
 
 def set_threads(threads: int) -> None:

@@ -15,6 +15,9 @@ no more memory than mapping its file.  On top of that:
   writes its slice of one output, with no weight bytes copied.  When formats differ (the
   Qwen2.5-Coder file stores q/k in Q5_0 and v in Q8_0) it falls back to one call per
   part.
+* **Expert stacks.**  A mixture-of-experts file stores each projection of all E experts
+  as one `[E, n_out, n_in]` tensor; `WeightReader.experts` hands out one `LinearWeight`
+  per expert, each viewing its contiguous slice of the mapped bytes (moe.py).
 * **Checked shapes.**  `WeightReader` fetches a model's tensors by name and checks each
   shape against the config: a mismatch is a broken or foreign file, named in the error.
 
@@ -24,6 +27,8 @@ numerics (the cache oracle uses it: kv_cache.py, `Model.forward_last_logits`).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 
@@ -133,3 +138,22 @@ class WeightReader:
         """`{name}.weight` as an `[n_out, n_in]` matrix (+ `{name}.bias` if `bias`)."""
         b = self.vector(f"{name}.bias", n_out) if bias else None
         return LinearWeight(self.gguf.tensor(f"{name}.weight"), b).expect(n_out, n_in)
+
+    def experts(self, name: str, n_experts: int, n_out: int,
+                n_in: int) -> list[LinearWeight]:
+        """`{name}.weight`, a stack of n_experts `[n_out, n_in]` matrices (GGML shape
+        (n_in, n_out, n_experts)), as one `LinearWeight` per expert.
+
+        Expert e is rows e*n_out ... (e+1)*n_out of the stack, a contiguous run of
+        bytes: each expert views its slice of the memory map, nothing is copied."""
+        t = self.gguf.tensor(f"{name}.weight")
+        if tuple(t.shape) != (n_in, n_out, n_experts):
+            raise ShapeMismatch(f"tensor {t.name!r} has GGML shape {list(t.shape)} but "
+                                f"the config implies {n_experts} experts of "
+                                f"[{n_out}, {n_in}]: {[n_in, n_out, n_experts]}")
+        quant.check_supported(t.ggml_type, t.name)
+        per = t.n_bytes // n_experts
+        flat = t.data.reshape(-1)
+        return [LinearWeight(replace(t, name=f"{t.name}[{e}]", shape=(n_in, n_out),
+                                     n_bytes=per, data=flat[e * per:(e + 1) * per]))
+                for e in range(n_experts)]
