@@ -65,6 +65,8 @@ def cmd_info(args) -> int:
             out.append(f"  {name:>5}: {count:4d} tensors {nbytes / 2**20:10,.1f} MiB")
         tied = "yes" if "output.weight" not in g.tensors else "no"
         out.append(f"  tied embeddings: {tied}")
+        if cfg.num_experts:
+            out.append(_moe_summary(g, cfg, params))
     else:
         out.append("tensors: none (vocab-only file)")
     f16, q8 = cfg.kv_bytes_per_position("f16"), cfg.kv_bytes_per_position("q8_0")
@@ -76,6 +78,17 @@ def cmd_info(args) -> int:
                f"{f16 * cfg.context_length / 2**20:,.0f} MiB f16")
     print("\n".join(out))
     return 0
+
+
+def _moe_summary(g, cfg, params: int) -> str:
+    """Experts per token, and the parameters one token actually runs through."""
+    stacks = [t for t in g.tensors.values() if t.name.endswith("_exps.weight")]
+    idle = sum(t.n_elements for t in stacks) * (1 - cfg.num_experts_used
+                                                / cfg.num_experts)
+    active = params - idle
+    return (f"  experts: {cfg.num_experts} per layer, {cfg.num_experts_used} per "
+            f"token: {active / 1e6:,.1f} M parameters active per token "
+            f"({active / params:.0%})")
 
 
 # --- tokenize ---------------------------------------------------------------------
@@ -102,7 +115,15 @@ def cmd_tokenize(args) -> int:
 def _load_model(args):
     from .catalog import load_model
 
-    return load_model(args.model, threads=args.threads)
+    _check_expert_top_p(args)
+    model = load_model(args.model, threads=args.threads)
+    model.expert_top_p = args.expert_top_p
+    return model
+
+
+def _check_expert_top_p(args) -> None:
+    if not args.expert_top_p > 0:  # also NaN
+        raise FucinaError(f"--expert-top-p must be above 0, got {args.expert_top_p}")
 
 
 def _prompt_ids(model, args) -> list[int]:
@@ -302,6 +323,7 @@ def _check_chat_args(args) -> None:
     from .sampler import SamplerConfig
 
     SamplerConfig.qwen3().with_(**_sampling_changes(args))   # raises on a bad value
+    _check_expert_top_p(args)
     if args.max_tokens is not None and args.max_tokens < 1:
         raise FucinaError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.ctx is not None and args.ctx < 2:
@@ -315,6 +337,7 @@ def _conversation(args):
     from .sampler import SamplerConfig
 
     model = load_model(args.model, threads=args.threads)
+    model.expert_top_p = args.expert_top_p
     if model.tokenizer is None:
         raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot chat")
     thinking = ChatFormat(model.tokenizer).can_think and not args.no_think
@@ -427,6 +450,12 @@ def cmd_models(args) -> int:
     return 0
 
 
+def _expert_top_p_opt(p) -> None:
+    p.add_argument("--expert-top-p", type=float, default=1.0, metavar="P",
+                   help="MoE models: per token, run only the best routed experts whose "
+                   "weights reach P of the total (default 1: all of them)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fucina", description="A Qwen3 inference engine built from scratch.")
@@ -452,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="worker threads (default: all cores)")
         p.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16",
                        help="KV cache storage")
+        _expert_top_p_opt(p)
 
     def input_opts(p):
         p.add_argument("--prompt",
@@ -523,6 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="worker threads (default: all cores)")
         p.add_argument("--cache-type", choices=["f16", "q8_0"], default="f16",
                        help="KV cache storage")
+        _expert_top_p_opt(p)
         g = p.add_argument_group("sampling (defaults: the Qwen3 model card's)")
         for flag, field, kind, text in _SAMPLING_FLAGS:
             g.add_argument(flag, dest=field, type=kind, default=None, help=text)
