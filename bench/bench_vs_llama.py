@@ -3,8 +3,18 @@
     python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256] [--tg 128]
                                   [--repeats 3] [--markdown]
 
-MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
-`synth:qwen3-0.6b:Q8_0` / `synth:qwen3-0.6b:Q4_K` (written into the cache dir on first use).
+MODEL is a path, a named model (see `fucina models list`), or a synthetic spec
+`synth:GEOMETRY:FORMAT` (written into the cache dir on first use), GEOMETRY one of:
+  qwen3-0.6b                  the dense Qwen3-0.6B geometry
+  qwen3-moe-1gb               Qwen3-30B-A3B's routing (128 experts, 8 per token) at
+                              hidden 1024, 4 layers, ~1 GB in Q8_0
+  qwen3-moe-1gb-dense-active  the same with a dense FFN of 8 experts' width: the MoE's
+                              parameters per token, run densely
+  qwen3-moe-1gb-dense-total   ... of all 128 experts' width: the MoE's total parameters
+The last three are the "parameters you do not pay for" comparison:
+
+    python bench/bench_vs_llama.py synth:qwen3-moe-1gb:Q8_0 \
+        synth:qwen3-moe-1gb-dense-active:Q8_0 synth:qwen3-moe-1gb-dense-total:Q8_0
 
 Protocol (identical for both engines; see fucina_course/bench.py): warm-up, then for each ppN a
 fresh context and one N-token evaluation, and tgN single-token evaluations from position 0; median
@@ -28,12 +38,18 @@ import time
 
 def resolve(model: str) -> str:
     if model.startswith("synth:"):
-        from fucina_course.synth import QWEN3_0_6B, cached_synthetic, with_format
+        from fucina_course.synth import (QWEN3_0_6B, QWEN3_MOE_1GB, cached_synthetic,
+                                         dense_twin, with_format)
 
+        moe = QWEN3_MOE_1GB
+        geometries = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-1gb": moe,
+                      "qwen3-moe-1gb-dense-active": dense_twin(moe, moe.num_experts_used),
+                      "qwen3-moe-1gb-dense-total": dense_twin(moe, moe.num_experts)}
         _, geometry, fmt = model.split(":")
-        if geometry != "qwen3-0.6b":
-            raise SystemExit(f"unknown synthetic geometry {geometry!r}")
-        return str(cached_synthetic(with_format(QWEN3_0_6B, fmt)))
+        if geometry not in geometries:
+            raise SystemExit(f"unknown synthetic geometry {geometry!r} "
+                             f"(known: {', '.join(geometries)})")
+        return str(cached_synthetic(with_format(geometries[geometry], fmt)))
     from fucina_course.catalog import resolve as resolve_model
 
     return str(resolve_model(model))

@@ -65,6 +65,13 @@ TINY_QWEN3 = SynthSpec(vocab_size=4096, name="tiny-qwen3")
 TINY_QWEN3_MOE = SynthSpec(arch="qwen3moe", vocab_size=4096, num_experts=8,
                            num_experts_used=2, moe_intermediate_size=256,
                            intermediate_size=512, name="tiny-qwen3-moe")
+# Qwen3-30B-A3B's routing (128 experts, 8 per token) at the 0.6B's width, as many layers
+# as fit in ~1 GB (Q8_0): the MoE speed comparison with llama.cpp (bench_vs_llama.py).
+QWEN3_MOE_1GB = SynthSpec(arch="qwen3moe", hidden_size=1024, intermediate_size=3072,
+                          num_layers=4, num_heads=16, num_kv_heads=8, head_dim=128,
+                          num_experts=128, num_experts_used=8,
+                          moe_intermediate_size=512,
+                          context_length=40960, name="qwen3-moe-1gb-geometry")
 
 
 def vocabulary(vocab_size: int) -> dict:
@@ -203,7 +210,9 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
         "tokenizer.chat_template": ("string", CHATML_TEMPLATE),
     })
     for key, value in (metadata_overrides or {}).items():  # tests write broken files
-        meta[key] = (meta[key][0] if key in meta else "uint32", value)
+        kind = ("bool" if isinstance(value, bool) else
+                "float32" if isinstance(value, float) else "uint32")
+        meta[key] = (meta[key][0] if key in meta else kind, value)
     w = gguf.GGUFWriter(str(tmp), a)
     for key, (kind, value) in meta.items():
         if key != "general.architecture":
@@ -282,3 +291,11 @@ def cached_synthetic(spec: SynthSpec) -> Path:
 
 def with_format(spec: SynthSpec, weight_type: str, **changes) -> SynthSpec:
     return replace(spec, weight_type=weight_type, **changes)
+
+
+def dense_twin(spec: SynthSpec, experts: int) -> SynthSpec:
+    """A dense qwen3 of a MoE spec's geometry whose FFN is as wide as `experts` of its
+    experts: k of them (the same parameters per token) or all E (the same in total)."""
+    return replace(spec, arch="qwen3", num_experts=0, num_experts_used=0,
+                   intermediate_size=experts * spec.moe_intermediate_size,
+                   moe_intermediate_size=0, name=f"{spec.name}-dense-{experts}x")
