@@ -3,8 +3,10 @@
     python tests/make_golden_logits.py
 
 For every block format, a tiny synthetic Qwen3 (seeded, so the test suite rebuilds the identical
-file) is evaluated by llama.cpp on a fixed id sequence; the top-16 logits of every position are
-kept (and the full logit range, for tolerances), with the file's SHA-256 so a changed generator is detected instead of silently compared.
+file), and for three formats a tiny synthetic Qwen3-MoE, is evaluated by llama.cpp on a fixed id
+sequence; the top-16 logits of every position are kept (and the full logit range, for
+tolerances), with the file's SHA-256 so a changed generator is detected instead of silently
+compared.
 For the two real models, the chat prompt "What is the capital of France?" is evaluated (top-16
 logits of every position) and llama.cpp's greedy 64-token continuation is recorded, with the top-16
 logits each greedy choice was made from (to tell a near-tie from an error where the engines part).
@@ -22,8 +24,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from model_cases import (CHAT_QUESTION, FORMATS, N_GREEDY, TINY_IDS, llama_all_logits,  # noqa: E402
-                         llama_greedy, tiny_model, topk)
+from model_cases import (CHAT_QUESTION, FORMATS, MOE_FORMATS, N_GREEDY, TINY_IDS,  # noqa: E402
+                         llama_all_logits, llama_greedy, tiny_model, tiny_moe_model, topk)
 
 
 def sha256(path: Path) -> str:
@@ -53,6 +55,14 @@ def main() -> None:
             out[f"tiny_{fmt}_sha256"] = np.array(sha256(path))
             out[f"tiny_{fmt}_top_ids"], out[f"tiny_{fmt}_top_vals"] = idx, val
             print(f"{fmt}: argmax {idx[:, 0].tolist()}")
+        for fmt in MOE_FORMATS:
+            path = tiny_moe_model(fmt, Path(tmp))
+            ref = llama_all_logits(llama_cpp, path, TINY_IDS)
+            idx, val = topk(ref)
+            out[f"tiny_moe_{fmt}_range"] = np.float32(ref.max() - ref.min())
+            out[f"tiny_moe_{fmt}_sha256"] = np.array(sha256(path))
+            out[f"tiny_moe_{fmt}_top_ids"], out[f"tiny_moe_{fmt}_top_vals"] = idx, val
+            print(f"moe {fmt}: argmax {idx[:, 0].tolist()}")
     for name in ("qwen2.5-coder-0.5b", "smollm2-135m"):
         path = catalog.fetch(name)
         ids = chat_prompt_ids(path)

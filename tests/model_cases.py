@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fucina_course.synth import TINY_QWEN3, with_format, write_synthetic
+from fucina_course.synth import TINY_QWEN3, TINY_QWEN3_MOE, with_format, write_synthetic
 
 FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 # max |ours - llama.cpp| allowed, as a fraction of the logit range (measured worst case in brackets,
@@ -28,6 +28,18 @@ def tiny_model(fmt: str, directory: Path) -> Path:
     path = Path(directory) / f"tiny-qwen3-{fmt.lower()}.gguf"
     if not path.is_file():
         write_synthetic(with_format(TINY_QWEN3, fmt), path)
+    return path
+
+
+# Mixture of experts (tiny qwen3moe, 8 experts, 2 per token): a float, the 8-bit and a
+# K-quant format, held to the dense model's tolerances above.
+MOE_FORMATS = ["F32", "Q8_0", "Q4_K"]
+
+
+def tiny_moe_model(fmt: str, directory: Path) -> Path:
+    path = Path(directory) / f"tiny-qwen3-moe-{fmt.lower()}.gguf"
+    if not path.is_file():
+        write_synthetic(with_format(TINY_QWEN3_MOE, fmt), path)
     return path
 
 
