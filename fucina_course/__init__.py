@@ -63,7 +63,7 @@ _PUBLIC = {
         "UnsupportedFormat",
         "ShapeMismatch", "TokenizerError", "InvalidSequenceLength", "KvCacheOverflow",
         "KvCacheHeadDimNotBlockAligned", "ContextFull", "ModelNotFound",
-        "DownloadError")},
+        "DownloadError", "NonFiniteValues")},
 }
 
 __all__ = sorted(_PUBLIC)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .errors import MetadataError, UnsupportedArchitecture
+from .errors import MetadataError, ShapeMismatch, UnsupportedArchitecture
 from .families import FAMILIES, Family
 
 SUPPORTED_ARCHITECTURES = tuple(FAMILIES)
@@ -71,7 +71,11 @@ class Config:
         if gguf.has(key("vocab_size")):
             vocab = gguf.get_int(key("vocab_size"), positive=True)
         elif "token_embd.weight" in gguf.tensors:
-            vocab = gguf.tensors["token_embd.weight"].shape[1]
+            embd = gguf.tensors["token_embd.weight"]
+            if len(embd.shape) != 2:
+                raise ShapeMismatch(f"{gguf.path}: token_embd.weight should be 2-D, "
+                                    f"has shape {list(embd.shape)}")
+            vocab = embd.shape[1]
         else:
             vocab = len(gguf.get_strings("tokenizer.ggml.tokens"))
         return cls(

@@ -54,11 +54,12 @@ import numpy as np
 
 from .attention import Segment, attend
 from .config import Config
-from .errors import FucinaError, InvalidSequenceLength, TokenizerError
+from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
 from .moe import MoeFfn, load_moe_ffn
 from .ops import apply_rope, rms_norm, rope_angles, swiglu
+from . import validate
 from .weights import FusedLinear, LinearWeight, WeightReader
 
 
@@ -166,6 +167,7 @@ class Model:
         self.output_norm = output_norm  # [hidden]
         self.output = output            # lm_head [vocab, hidden] (maybe the embedding)
         self.profile: dict[str, float] | None = None
+        self.check_numerics = False     # check each layer's output: name the first bad
 
     # --- loading ----------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class Model:
         cfg = Config.from_gguf(gguf)
         has_vocab = gguf.has("tokenizer.ggml.tokens")
         tokenizer = Tokenizer.from_gguf(gguf) if has_vocab else None
+        validate.check_model_file(gguf, cfg, tokenizer)  # a file is untrusted input
         w = WeightReader(gguf)
         embedding = w.linear("token_embd", cfg.vocab_size, cfg.hidden_size)
         # Tied: without output.weight the embedding is the lm_head (the same object).
@@ -315,21 +318,32 @@ class Model:
             if last_only and i == last:
                 x = x[-1:]  # only the last row reaches the logits: skip others' FFN
             x = x + self._stage("ffn", ffn_block, layer, x, cfg, step)
+            if self.check_numerics:
+                validate.check_finite(x, f"{self.path.name}: the output of layer {i}")
         for s in segments:
             s.cache.advance(s.stop - s.start)
-        return self._stage("lm_head", self._logits, x, step)         # [rows, vocab]
+        logits = self._stage("lm_head", self._logits, x, step)       # [rows, vocab]
+        return validate.check_logits(logits, self.path)
 
     def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
         h = rms_norm(x, self.output_norm, self.config.rms_norm_eps)  # [rows, hidden]
         return self.output(h, step.path)                             # [rows, vocab]
 
     def _stage(self, name: str, fn, *args):
-        """fn(*args), its wall time added to `self.profile[name]` when profiling."""
-        if self.profile is None:
-            return fn(*args)
+        """fn(*args), one stage of the forward pass: its wall time goes to
+        `self.profile[name]` when profiling.  A float division by zero in a kernel
+        happens only on a non-finite activation (the int8 quantizer's 1/scale): it is
+        reported as the NonFiniteValues it is, not as a ZeroDivisionError."""
         start = time.perf_counter()
-        result = fn(*args)
-        self.profile[name] = self.profile.get(name, 0.0) + time.perf_counter() - start
+        try:
+            result = fn(*args)
+        except ZeroDivisionError:
+            raise NonFiniteValues(f"{self.path}: the activations went non-finite in "
+                                  f"the {name} stage (broken weights or config; "
+                                  "check_numerics=True names the layer)") from None
+        if self.profile is not None:
+            spent = time.perf_counter() - start
+            self.profile[name] = self.profile.get(name, 0.0) + spent
         return result
 
     def _ids(self, ids) -> np.ndarray:
