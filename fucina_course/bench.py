@@ -9,6 +9,9 @@ What is measured, and how (the same protocol for this engine and for llama.cpp i
 Warm numbers: the kernels are compiled and the weights paged in by a warm-up run first; each
 figure is the median of `repeats` runs.  Token ids are seeded random ids (content does not change
 the work a transformer does).
+
+`measure_roofline` measures the machine's two ceilings, memory read bandwidth (decode's wall)
+and float32 matmul FLOP/s (prefill's wall), for bench/bench_roofline.py and the book.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ def _ids(model, n: int, seed: int) -> list[int]:
     return rng.integers(0, min(model.config.vocab_size, 100_000), size=n).tolist()
 
 
-def time_prefill(model, n_tokens: int, *, cache_type: str = "f16", repeats: int = 3) -> float:
+def time_prefill(model, n_tokens: int, *, cache_type: str = "f16",
+                 repeats: int = 3) -> float:
     """Median seconds of one n-token prefill into a fresh cache."""
     ids = _ids(model, n_tokens, n_tokens)
     times = []
@@ -36,8 +40,10 @@ def time_prefill(model, n_tokens: int, *, cache_type: str = "f16", repeats: int 
     return statistics.median(times)
 
 
-def time_decode(model, n_tokens: int, *, cache_type: str = "f16", repeats: int = 3, streams: int = 1) -> float:
-    """Median seconds to decode n tokens one at a time from position 0 (per stream, in lockstep)."""
+def time_decode(model, n_tokens: int, *, cache_type: str = "f16", repeats: int = 3,
+                streams: int = 1) -> float:
+    """Median seconds to decode n tokens one at a time from position 0 (per stream, in
+    lockstep)."""
     ids = _ids(model, n_tokens, 7)
     times = []
     for _ in range(repeats):
@@ -69,3 +75,49 @@ def run(model, *, pp=(16, 64, 256), tg: int = 128, cache_type: str = "f16", repe
         secs = time_decode(model, tg, cache_type=cache_type, repeats=repeats, streams=streams)
         result["decode"] = {"tokens": tg, "streams": streams, "tok_s": tg * streams / secs}
     return result
+
+
+def measure_roofline(threads: int = 2, *, read_bytes: int = 2**30,
+                     shapes=((4096, 4096, 4096),), read_repeats: int = 5,
+                     matmul_repeats: int = 3) -> dict:
+    """The machine's two ceilings: memory read bandwidth and float32 matmul FLOP/s.
+
+    * bandwidth: `threads` threads each `np.sum` one slice of a `read_bytes` float32 array
+      (far larger than the caches): one streaming read of every byte, the way a decode
+      step reads the weights; GB/s = bytes / seconds, best of `read_repeats`.  (A naive
+      numba loop measured only 6 GB/s per core: a reduction's add latency, not memory,
+      was its limit; numpy's unrolled sum is not so limited.)
+    * compute: numpy float32 matmul (the BLAS sgemm, with the threads BLAS was started
+      with) on each (m, n, k) of `shapes`: GFLOP/s = 2 m n k / seconds, best of
+      `matmul_repeats`.  `peak_gflop_s` is the best of them.
+    A model's decode ceiling in tokens/s is bandwidth / bytes of weights read per token.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    data = np.ones(read_bytes // 4, np.float32)
+    parts = np.array_split(data, threads)
+    with ThreadPoolExecutor(threads) as pool:  # np.sum releases the GIL
+
+        def read_all():
+            return sum(pool.map(np.sum, parts))
+
+        read_all()
+        best = min(_seconds(read_all) for _ in range(read_repeats))
+    bandwidth = data.nbytes / best / 1e9
+    del data, parts
+    result = {"threads": threads, "bandwidth_gb_s": bandwidth, "sgemm": []}
+    for m, n, k in shapes:
+        a = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32)
+        b = np.random.default_rng(1).standard_normal((k, n), dtype=np.float32)
+        a @ b
+        secs = min(_seconds(lambda: a @ b) for _ in range(matmul_repeats))
+        result["sgemm"].append({"m": m, "n": n, "k": k,
+                                "gflop_s": 2 * m * n * k / secs / 1e9})
+    result["peak_gflop_s"] = max(r["gflop_s"] for r in result["sgemm"])
+    return result
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
