@@ -82,11 +82,11 @@ def measure_roofline(threads: int = 2, *, read_bytes: int = 2**30,
                      matmul_repeats: int = 3) -> dict:
     """The machine's two ceilings: memory read bandwidth and float32 matmul FLOP/s.
 
-    * bandwidth: `threads` threads each `np.sum` one slice of a `read_bytes` float32 array
-      (far larger than the caches): one streaming read of every byte, the way a decode
-      step reads the weights; GB/s = bytes / seconds, best of `read_repeats`.  (A naive
-      numba loop measured only 6 GB/s per core: a reduction's add latency, not memory,
-      was its limit; numpy's unrolled sum is not so limited.)
+    * bandwidth: `threads` threads each `np.sum` one slice of a `read_bytes` float32
+      array (far larger than the caches): one streaming read of every byte, the way a
+      decode step reads the weights; GB/s = bytes / seconds, best of `read_repeats`.
+      (A naive numba loop measured only 6 GB/s per core: a reduction's add latency,
+      not memory, was its limit; numpy's unrolled sum is not so limited.)
     * compute: numpy float32 matmul (the BLAS sgemm, with the threads BLAS was started
       with) on each (m, n, k) of `shapes`: GFLOP/s = 2 m n k / seconds, best of
       `matmul_repeats`.  `peak_gflop_s` is the best of them.
