@@ -130,15 +130,20 @@ def gallery(panels: Mapping[str, str], *, description: str = "show",
 
     The dropdown's index is `jslink`ed to a `Stack`, so no kernel is needed to flip
     panels: it works the same in JupyterLab and in the HTML book.  `caption` (HTML) is
-    shown above the dropdown.
+    shown above the dropdown.  `description` is a label of its own beside the dropdown,
+    not the Dropdown's `description`: the widget manager typesets that one with MathJax
+    2's API, which this book (MathJax 3) lacks, so on a page with math it threw.
     """
     import ipywidgets as W
 
     labels = list(panels)
-    choose = W.Dropdown(options=labels, index=0, description=description)
+    choose = W.Dropdown(options=labels, index=0, layout=W.Layout(width="auto"))
     stack = W.Stack([W.HTML(panels[label]) for label in labels], selected_index=0)
     W.jslink((choose, "index"), (stack, "selected_index"))
     head = []
     if caption:
         head = [W.HTML(f'<div class="fucina-widget-caption">{caption}</div>')]
+    if description:
+        label = W.HTML(f"<span>{html.escape(description)}</span>")
+        choose = W.HBox([label, choose], layout=W.Layout(align_items="center"))
     return W.VBox([*head, choose, stack])
