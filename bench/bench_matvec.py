@@ -3,7 +3,7 @@
     python bench/bench_matvec.py                 # Q8_0 Q4_K Q6_K Q5_0 F16, 2 threads
     python bench/bench_matvec.py --formats Q8_0,Q4_1 --repeats 20 --no-sweep
     python bench/bench_matvec.py --formats Q4_K --no-prefill     # matvec only (faster)
-    python bench/bench_matvec.py --formats Q4_K,Q5_0 --no-prefill --kernels both
+    python bench/bench_matvec.py --formats Q4_K,Q5_0 --no-prefill --levels all
     python bench/bench_matvec.py --formats Q4_K --prefill-m 2,8,64 --paths rows,blas
     python bench/bench_matvec.py --formats Q8_0 --no-prefill --sweep-m 1,2,4,8
 
@@ -26,9 +26,10 @@ Prints, per format:
     "auto"), in GB/s of weights and ms per step;
   * the time to dequantize a 151936 x 896 embedding table (Q8_0 and Q5_0 only).
 
---kernels: "auto" (the integer VNNI kernels where the CPU has them, isa.level), "float"
-(the float kernels), or "both" (each decode number for both, measured alternately in
-the same run).
+--levels: the instruction-set levels to measure (quant/isa.py), comma-separated, or
+"all" (every level this CPU runs); default: the dispatched one (isa.level).  With
+several, each decode number is measured for each level, alternately in the same run;
+prefill and sweeps use the first.
 
 The machine has 2 cores and is shared; the load average is printed first: distrust
 numbers taken while it is above ~0.5.  Timings are the best of several repeats.
@@ -46,7 +47,6 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from fucina_course.quant import QuantMatrix, dequantize, isa, matmul, matvec
-from fucina_course.quant._vnni_matvec import MV_KERNELS
 from fucina_course.quant.matmul import has_rows_kernel
 from fucina_course.quant.reference import random_blocks
 
@@ -72,12 +72,9 @@ def make(rng, t, n_in, n_out) -> QuantMatrix:
 
 def kernel_modes(t, args) -> list[tuple[str, str]]:
     """[(label, isa.level value)] to measure for format t."""
-    has = isa.HAVE_VNNI and t in MV_KERNELS
-    if args.kernels == "float" or not has:
-        return [("" if args.kernels == "auto" else "float ", isa.FLOAT)]
-    if args.kernels == "both":
-        return [("float ", isa.FLOAT), ("vnni ", isa.AVX512VNNI)]
-    return [("", isa.AVX512VNNI)]
+    if len(args.levels) == 1:
+        return [("", args.levels[0])]
+    return [(f"{lv} ", lv) for lv in args.levels]
 
 
 def best_of_modes(fn, modes, repeats: int) -> dict[str, float]:
@@ -195,18 +192,28 @@ def main() -> None:
                     help="matmul paths: auto, rows, gemv, blas")
     ap.add_argument("--sweep-m", default="1",
                     help="activation rows of the sweeps (1 = decode, matvec)")
-    ap.add_argument("--kernels", choices=("auto", "float", "both"), default="auto",
-                    help="decode kernels: VNNI where available (auto), float, or both")
+    ap.add_argument("--levels", default=None,
+                    help="instruction-set levels, comma-separated, or 'all' "
+                         "(default: isa.level)")
     args = ap.parse_args()
     args.prefill_m = [int(m) for m in args.prefill_m.split(",")]
     args.paths = [p.strip() for p in args.paths.split(",")]
     args.sweep_m = [int(m) for m in args.sweep_m.split(",")]
-    if args.kernels == "float":
-        isa.level = isa.FLOAT  # also for the prefill "gemv" path
+    if args.levels is None:
+        args.levels = [isa.level]
+    elif args.levels == "all":
+        args.levels = list(isa.USABLE)
+    else:
+        args.levels = [lv.strip() for lv in args.levels.split(",")]
+        bad = [lv for lv in args.levels if lv not in isa.USABLE]
+        if bad:
+            raise SystemExit(f"not usable here: {bad} (usable: {isa.USABLE})")
+    isa.level = args.levels[0]  # prefill and sweeps: the first level
     numba.set_num_threads(args.threads)
     load = os.getloadavg()
     print(f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"numba {numba.__version__}, numpy {np.__version__}, threads={args.threads}, "
+          f"levels {','.join(args.levels)}, "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if load[0] > 0.5:
         print("WARNING: the machine is busy; numbers will be low and noisy")

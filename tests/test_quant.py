@@ -20,6 +20,10 @@ from __future__ import annotations
 import ctypes
 import importlib
 import os
+import platform
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -36,12 +40,14 @@ from fucina_course.quant import (
     quantize_activations,
 )
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
-from fucina_course.quant._vnni_matmul import MM_KERNELS
-from fucina_course.quant._vnni_matvec import MV_KERNELS
+from fucina_course.quant import _int_matvec, _jit
+from fucina_course.quant._int import IntKernels
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
-# the module, not the function `quant.matmul` that shadows it as a package attribute
+# the modules, not the functions `quant.matmul` / `quant.matvec` that shadow them as
+# package attributes
 matmul_mod = importlib.import_module("fucina_course.quant.matmul")
+matvec_mod = importlib.import_module("fucina_course.quant.matvec")
 
 ALL = [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
        T.Q6_K]
@@ -82,16 +88,30 @@ def row_len_for(t, n_blocks: int) -> int:
     return n_blocks * max(QK[t], 32)  # float formats: 32 at a time, comparable shapes
 
 
-VNNI_TYPES = list(MV_KERNELS)  # formats with integer (VNNI) kernels
-_NO_VNNI = "VNNI kernels off: numba's target CPU lacks AVX512-VNNI, or FUCINA_NO_VNNI=1"
-needs_vnni = pytest.mark.skipif(not isa.HAVE_VNNI, reason=_NO_VNNI)
+INT_TYPES = list(_int_matvec.INT_FORMATS)  # formats with integer kernels
+x86_only = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                              reason="the integer kernels are x86 code")
+INT_LEVELS = [lv for lv in isa.LEVELS if lv != isa.GENERIC]
 
 
-@pytest.fixture(params=[isa.FLOAT, isa.AVX512VNNI])
+def _skip_unless_usable(level):
+    if level not in isa.USABLE:
+        pytest.skip(f"{level} kernels off: numba's target CPU lacks "
+                    f"{', '.join(sorted(isa.NEEDED[level]))}, or FUCINA_SIMD caps it")
+
+
+@pytest.fixture(params=isa.LEVELS)
 def kernels(request, monkeypatch):
-    """Run a test with the float kernels and, where the CPU has them, the VNNI ones."""
-    if request.param not in isa.USABLE:
-        pytest.skip(_NO_VNNI)
+    """Run a test once per instruction-set level this CPU runs (generic everywhere)."""
+    _skip_unless_usable(request.param)
+    monkeypatch.setattr(isa, "level", request.param)
+    return request.param
+
+
+@pytest.fixture(params=INT_LEVELS)
+def int_level(request, monkeypatch):
+    """Run a test once per integer level this CPU runs."""
+    _skip_unless_usable(request.param)
     monkeypatch.setattr(isa, "level", request.param)
     return request.param
 
@@ -501,22 +521,112 @@ def test_tolerance_catches_one_wrong_quant(t, kernels):
     assert np.abs(y[1] - ref_bad[1]) > 1e-5 * mag[1]
 
 
-# --- the integer (VNNI) kernels -------------------------------------------------------
+# --- the integer kernels: levels, dispatch, the code each level may contain -----------
 
-def test_vnni_feature_guard(monkeypatch):
-    need = "+avx512f,+avx512bw,+avx512vl,+avx512vnni"
-    assert isa.vnni_usable("+sse4.2,+avx2," + need)
-    assert not isa.vnni_usable("+avx2,+avx512f,+avx512bw,+avx512vl,-avx512vnni")
-    assert not isa.vnni_usable("+avx2,+avxvnni")            # AVX-VNNI only (Alder Lake)
-    assert not isa.vnni_usable("")
-    assert isa.HAVE_VNNI == (isa.vnni_usable(isa.numba_cpu_features())
-                             and os.environ.get("FUCINA_NO_VNNI", "") in ("", "0"))
-    assert isa.USABLE[-1] == isa.FLOAT and isa.level == isa.BEST == isa.USABLE[0]
-    if not isa.HAVE_VNNI:   # then no VNNI kernel may be dispatched, even if asked for
-        monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
+def test_level_selection(monkeypatch):
+    v3 = "+sse4.2,+ssse3,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2"
+    avx512 = ",+avx512f,+avx512bw,+avx512vl,+avx512dq,+avx512vnni"
+    epyc = v3 + ",-avx512f,-avxvnni"                        # Zen 2/3: AVX2 only
+    alder = v3 + ",+avxvnni,-avx512f"                       # Alder Lake: AVX-VNNI
+    spr = v3 + ",+avxvnni" + avx512                         # Sapphire Rapids
+    best = isa.LEVELS[0]
+    assert isa.usable_levels(spr, best) == tuple(isa.LEVELS)
+    assert isa.usable_levels(alder, best) == (isa.AVXVNNI, isa.AVX2, isa.GENERIC)
+    assert isa.usable_levels(epyc, best) == (isa.AVX2, isa.GENERIC)
+    assert isa.usable_levels("+neon,+fp-armv8", best) == (isa.GENERIC,)
+    assert isa.usable_levels(spr.replace("+bmi2", "-bmi2"), best) == (isa.GENERIC,)
+    assert isa.usable_levels(spr, isa.AVX2) == (isa.AVX2, isa.GENERIC)
+    assert isa.usable_levels(epyc, isa.AVXVNNI) == (isa.AVX2, isa.GENERIC)
+    assert not isa.vnni_usable(v3 + ",+avx512f,+avx512bw,+avx512vl,-avx512vnni")
+    assert isa.requested({}) == best
+    assert isa.requested({"FUCINA_SIMD": "AVX2 "}) == isa.AVX2
+    assert isa.requested({"FUCINA_NO_VNNI": "1"}) == isa.AVX2     # the older switch
+    assert isa.requested({"FUCINA_NO_VNNI": "0"}) == best
+    with pytest.raises(ValueError, match="avx512vnni, avxvnni, avx2, generic"):
+        isa.requested({"FUCINA_SIMD": "sse2"})
+    assert isa.USABLE == isa.usable_levels(isa.numba_cpu_features(),
+                                           isa.requested(os.environ))
+    assert isa.USABLE[-1] == isa.GENERIC and isa.level == isa.BEST == isa.USABLE[0]
+    for lv in isa.LEVELS:    # a level this CPU lacks runs the generic kernels
+        if lv in isa.USABLE:
+            continue
+        monkeypatch.setattr(isa, "level", lv)
         w = QuantMatrix(make_weights(T.Q4_K, 4, 256), T.Q4_K, 4, 256)
+        assert matvec_mod.kernel_for(T.Q4_K)[0] == isa.GENERIC
         assert np.isfinite(matvec(w, np.ones(256, np.float32))).all()
         assert np.isfinite(matmul(w, np.ones((3, 256), np.float32), path="rows")).all()
+
+
+def test_forced_levels_in_a_fresh_process():
+    code = "from fucina_course.quant import isa; print(isa.level, isa.USABLE[-1])"
+    for env, want in (({"FUCINA_SIMD": "generic"}, "generic"),
+                      ({"FUCINA_NO_VNNI": "1"}, isa.AVX2),
+                      ({"FUCINA_SIMD": "avx2"}, isa.AVX2)):
+        if want not in isa.USABLE:
+            continue
+        env = {**os.environ, "FUCINA_SIMD": "", "FUCINA_NO_VNNI": "", **env}
+        out = subprocess.run([sys.executable, "-c", code], env=env, text=True,
+                             capture_output=True, check=True).stdout.split()
+        assert out == [want, isa.GENERIC], env
+
+
+def test_dispatch_table_covers_every_format_and_level():
+    for t in ALL:
+        assert (t, isa.GENERIC) in matvec_mod.KERNELS
+    for t in INT_TYPES:
+        for lv in INT_LEVELS:
+            k = matvec_mod.KERNELS[(t, lv)]
+            assert isinstance(k, IntKernels) and matmul_mod.KERNELS[(t, lv)] is k
+    assert set(matmul_mod.ROWS_BLAS_MIN_ROWS) == set(INT_TYPES)
+
+
+# Registers and encodings an AVX2-only CPU (an AMD EPYC, Zen 2/3) does not have: zmm,
+# mask registers, EVEX-only instructions (and their {vex} twins, AVX-VNNI).
+_NOT_AVX2 = re.compile(r"%zmm|%k[0-7]\b|\{%k|vpdp|vpermb|vpermt2|vpternlog|"
+                       r"vpmov[a-z]*2|vpcompress|vpexpand|\{1to|kmov|kand|kor")
+
+
+@x86_only
+@pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
+def test_levels_emit_only_their_instructions(t):
+    # The kernels are compiled for the level's features only (isa.target), whatever
+    # the machine, so this holds on any x86 machine: no AVX-512 in the avx2 and
+    # avxvnni kernels, and the avxvnni dot products are the VEX ones.
+    for lv in INT_LEVELS:
+        mod = _jit.new_module("asm")
+        IntKernels(t, lv).build(mod)
+        asm = _jit.assembly(mod, lv)
+        code = "\n".join(line for line in asm.splitlines()
+                         if line.startswith("\t") and not line.startswith("\t."))
+        assert "vpmaddubsw" in code or "vpdpbusd" in code, (t.name, lv)
+        if lv == isa.AVX512VNNI:
+            continue
+        bad = [line for line in code.splitlines() if _NOT_AVX2.search(line)
+               and not (lv == isa.AVXVNNI and "{vex}" in line)]
+        assert not bad, (t.name, lv, bad[:5])
+        if lv == isa.AVXVNNI:
+            assert "{vex}\tvpdpbusd" in code, (t.name, lv)
+        else:
+            assert "vpdpbusd" not in code and "%ymm" in code, (t.name, lv)
+
+
+@x86_only
+def test_compiled_kernels_are_cached_on_disk(tmp_path, monkeypatch):
+    # the object code of a (format, level) is stored once, under a key that changes
+    # with any quant/*.py file; a newer one replaces the older
+    monkeypatch.setattr(_jit, "cache_dir", lambda: str(tmp_path))
+    path = _jit.object_path("q4_0", isa.AVX2)
+    assert os.path.dirname(path) == str(tmp_path) and not os.path.exists(path)
+    mod = _jit.new_module("t")
+    IntKernels(T.Q4_0, isa.AVX2).build(mod)
+    _jit._store(path, _jit.compile_module(mod, isa.AVX2))
+    assert os.path.getsize(path) > 1000 and _jit.is_cached("q4_0", isa.AVX2)
+    stale = tmp_path / f"_jit.q4_0.{isa.AVX2}.0123456789abcdef.o"
+    stale.write_bytes(b"")
+    with open(path, "rb") as f:
+        _jit._store(path, f.read())
+    assert not stale.exists() and os.path.exists(path)
+    assert _jit.clear_cache() == [os.path.basename(path)]
 
 
 def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarray:
@@ -532,13 +642,12 @@ def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarr
     return raw.reshape(-1)
 
 
-@needs_vnni
-@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
-def test_vnni_extreme_quants_and_activations(t):
+@pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
+def test_int_extreme_quants_and_activations(t, int_level):
     # Largest |products|: all quant bytes 0x00 / 0xFF / 0x80 / 0x7F (q at both ends of
     # its range, the K-quant scales at 0, 63 and the Q6_K int8 scales at -128, -1, 127)
     # against activations that quantize to +-127 (and a block of zeros); the int16
-    # steps (vpackssdw, vpdpwssd) must not saturate.
+    # steps (vpackssdw, vpdpwssd; avx2's vpmaddubsw pairs) must not saturate.
     n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
     rng = np.random.default_rng(0)
     xs = [np.where(rng.random(n_in) < 0.5, 1.0, -1.0).astype(np.float32),
@@ -557,9 +666,8 @@ def test_vnni_extreme_quants_and_activations(t):
             assert_close(matvec(w, x), ref, 1e-5, magnitude(w, qa), t.name, hex(fill))
 
 
-@needs_vnni
-@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
-def test_vnni_and_float_kernels_agree(t, monkeypatch):
+@pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
+def test_int_and_generic_kernels_agree(t, int_level, monkeypatch):
     # model-sized rows, row counts not a multiple of the 16-row chunks, odd block counts
     rng = np.random.default_rng(12)
     for n_out, nb in ((131, 12), (33, 5), (5, 1)):
@@ -567,10 +675,10 @@ def test_vnni_and_float_kernels_agree(t, monkeypatch):
         w = QuantMatrix(make_weights(t, n_out, n_in, seed=nb), t, n_out, n_in)
         x = (rng.standard_normal(n_in) + 0.2).astype(np.float32)
         qa = quantize_activations(x, w.vec_dot_type)
-        monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
         y1 = matvec(w, x)
-        monkeypatch.setattr(isa, "level", isa.FLOAT)
+        monkeypatch.setattr(isa, "level", isa.GENERIC)
         y0 = matvec(w, x)
+        monkeypatch.setattr(isa, "level", int_level)
         assert_close(y1, y0, 2e-6, magnitude(w, qa), t.name, n_out, nb)
 
 
@@ -589,7 +697,7 @@ def test_int8_activation_fields():
 # --- matmul ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
-def test_matmul_paths_agree_with_matvec(t):
+def test_matmul_paths_agree_with_matvec(t, kernels):
     rng = np.random.default_rng(4)
     n_out, n_in = 70, 4 * QK_OR_32(t)
     w = QuantMatrix(make_weights(t, n_out, n_in, seed=9), t, n_out, n_in)
@@ -617,9 +725,8 @@ def test_matmul_paths_agree_with_matvec(t):
     assert np.array_equal(one[0], dec[0])
 
 
-@needs_vnni
-@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
-def test_rows_kernels_bit_identical_to_matvec(t):
+@pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
+def test_rows_kernels_bit_identical_to_matvec(t, int_level):
     # every tile shape (m around the 8-row tile, more than one tile), row counts that
     # are not multiples of the 16-row chunks, odd block counts (the 32-element
     # formats' ymm tail block)
@@ -633,17 +740,16 @@ def test_rows_kernels_bit_identical_to_matvec(t):
             X = rng.standard_normal((m, n_in)) * rng.random((m, 1)) * 3 + 0.1
             X = X.astype(np.float32)
             X[0, :QK[t]] = 0.0                            # an all-zero activation block
-            dec = np.stack([matvec(w, x) for x in X])     # the one-row VNNI kernel
+            dec = np.stack([matvec(w, x) for x in X])     # the level's one-row kernel
             got = np.full((m, n_out), np.nan, np.float32)
             assert matmul_mod.matmul_rows(w, X, got) is got
             assert np.array_equal(got, dec), (t.name, n_out, nb, m,
                                               np.nanmax(np.abs(got - dec)))
 
 
-@needs_vnni
-@pytest.mark.parametrize("t", VNNI_TYPES, ids=lambda t: t.name)
-def test_rows_kernels_extreme_quants(t):
-    # test_vnni_extreme_quants_and_activations for the multi-row kernels: the same
+@pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
+def test_rows_kernels_extreme_quants(t, int_level):
+    # test_int_extreme_quants_and_activations for the multi-row kernels: the same
     # integer lanes (their weight-side offsets included) for saturating inputs
     n_out, n_in = 8, 3 * 256 + (0 if QK[t] == 256 else 32)
     if QK[t] == 256:
@@ -658,10 +764,10 @@ def test_rows_kernels_extreme_quants(t):
         assert np.array_equal(matmul(w, X, path="rows"), dec), (t.name, hex(fill))
 
 
-def test_rows_path_without_vnni_is_gemv(monkeypatch):
-    # with the float kernels (FUCINA_NO_VNNI=1 or isa.level = FLOAT) "rows" falls back
-    # to one matvec per row, and "auto" to the gemv/blas rule
-    monkeypatch.setattr(isa, "level", isa.FLOAT)
+def test_rows_path_at_the_generic_level_is_gemv(monkeypatch):
+    # with the generic kernels (FUCINA_SIMD=generic or isa.level = GENERIC) "rows"
+    # falls back to one matvec per row, and "auto" to the gemv/blas rule
+    monkeypatch.setattr(isa, "level", isa.GENERIC)
     rng = np.random.default_rng(5)
     w = QuantMatrix(make_weights(T.Q4_K, 24, 512, seed=2), T.Q4_K, 24, 512)
     assert not matmul_mod.has_rows_kernel(w)
@@ -690,7 +796,6 @@ def test_openblas_spin_rule():
     assert not spin({"OMP_NUM_THREADS": "1"})
     # OpenBLAS's own variable wins
     assert spin({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"})
-    assert set(matmul_mod.ROWS_BLAS_MIN_ROWS) == set(MM_KERNELS) == set(MV_KERNELS)
 
 
 def test_matmul_large_tiles():
@@ -711,7 +816,7 @@ def test_matmul_large_tiles():
 
 @pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.F32],
                          ids=lambda t: t.name)
-def test_multimatrix_equals_separate_parts(t):
+def test_multimatrix_equals_separate_parts(t, kernels):
     n_in = 2 * QK_OR_32(t)
     parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}")
              for n in (24, 8, 8)]

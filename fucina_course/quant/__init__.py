@@ -10,15 +10,19 @@ the fly.  What lives where (data flows top to bottom):
   Q8_K / f16 / bf16 exactly as llama.cpp does on x86, as int8 (and float32) arrays.
 * matrix.py -- `QuantMatrix`: one memory-mapped weight matrix in its block format;
   `MultiMatrix`: several sharing one input (q/k/v), quantized once.
-* matvec.py -- `matvec`: matrix x one vector (decode); portable float kernels, and the
-  dispatch table keyed by (format, instruction-set level).
+* matvec.py -- `matvec`: matrix x one vector (decode); the generic float kernels, and
+  the dispatch table keyed by (format, instruction-set level).
 * matmul.py -- `matmul`: matrix x many rows (prefill, batch decode); multi-row integer
   kernels, or dequantized tiles + BLAS.
-* isa.py -- which instruction-set levels this CPU runs (`isa.level`).
-* _vnni_matvec.py, _vnni_matmul.py -- the AVX-512 VNNI integer kernels of matvec and
-  matmul, built in LLVM IR (_ir.py: IR helpers, row / tile intrinsics).
-* _intrinsics.py -- f16 <-> f32 and prefetch for numba code; _cache.py -- numba's disk
-  cache stamped with the whole package (a kernel inlines IR from several files).
+* isa.py -- the instruction-set levels (avx512vnni, avxvnni, avx2, generic), which ones
+  this CPU runs, `isa.level`; FUCINA_SIMD forces a lower one.
+* _int_matvec.py, _int_matmul.py -- the integer kernels of matvec and matmul for the
+  three x86 levels, built in LLVM IR (_ir.py: IR helpers, the kernel functions);
+  _int.py -- one format's kernels at one level, compiled on first use, and the two
+  numba drivers that run them in parallel; _jit.py -- LLVM compiles them for exactly
+  the level's features and caches the machine code on disk.
+* _intrinsics.py -- f16 <-> f32 and prefetch for numba code; _cache.py -- the disk
+  caches stamped with the whole package (a kernel inlines IR from several files).
 * reference.py -- ggml's dot products in slow numpy: the kernels' test oracle.
 
 Numerics: matvec and matmul (with the default `exact_activations=True`) compute ggml's

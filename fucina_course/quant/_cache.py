@@ -2,8 +2,9 @@
 
 numba re-uses a cached kernel while the file that defines it is unchanged (it hashes
 that file); it does not look at the files whose code the kernel inlines.  The quant
-kernels do inline code from other files: LLVM IR built in _ir.py, _vnni_matvec.py and
-_intrinsics.py, and numba helpers such as `_interleave_64`.  So the rule here is:
+kernels do inline code from other files: LLVM IR built in _ir.py, _int_matvec.py and
+_intrinsics.py, and numba helpers such as `_chunks`.  (_jit.py keys its object files
+with the same stamp.)  So the rule here is:
 
     a cached kernel in quant/ is fresh only while *every* quant/*.py file is unchanged.
 

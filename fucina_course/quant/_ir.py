@@ -1,30 +1,33 @@
-"""LLVM IR for the integer kernels: vector helpers, and builders turned into intrinsics.
+"""LLVM IR for the integer kernels: vector helpers, and the functions they are built as.
 
 numba compiles Python loops to LLVM IR, and LLVM does not turn them into the byte dot
-products (`vpdpbusd`) that make ggml fast.  So the inner loop of each integer kernel is
-written here directly in LLVM IR with llvmlite's builder, and exposed to numba as an
-`@intrinsic` that a plain `@njit` kernel calls once per weight row:
+products (`vpdpbusd`, `vpmaddubsw`) that make ggml fast.  So the integer kernels are
+written here directly in LLVM IR with llvmlite's builder, as plain functions that
+_jit.py compiles for one instruction-set level and numba's parallel drivers (_drive.py)
+call through their addresses.  Two kinds per format and level:
 
-* `row_intrinsic(builder)`: one weight row . one activation vector -> float32
-  (the `mv_*` kernels of _vnni_matvec.py, used by `matvec`);
-* `rows_intrinsic(builder)`: one weight row . a tile of up to TILE activation rows,
-  stored into the output (the `mm_*` kernels of _vnni_matmul.py, used by `matmul`).
+* `define_matvec`: rows r0 .. r1 of a weight matrix . one activation vector (`matvec`),
+  one row builder call per row (_int_matvec.py);
+* `define_matmul`: rows r0 .. r1 . a batch of activation rows, in tiles of up to TILE
+  rows per pass over a weight row (`matmul`'s "rows" path, _int_matmul.py);
+* `define_prep`: what a kernel needs from the activations once per call (a permuted
+  copy, x + 128, or per-lane offsets), into a scratch row as long as the activations.
 
-The vector helpers below name the LLVM intrinsics by their x86 instruction (LLVM 22 as
-bundled with llvmlite 0.50 takes byte / word vector operands): `vpdpbusd` (4 adjacent
-u8 x s8 products added to each int32 lane), `vpdpwssd` (2 s16 x s16), `vpmaddwd`,
-`vpackssdw`, `llvm.fma`, `llvm.prefetch`.  The rest is generic IR (unaligned loads,
-shifts, shuffles, selects) that LLVM lowers well.  No bounds checks: the builders stay
-inside the row's blocks and the activation arrays their kernels size; a prefetch may
-point past the end, which never faults.
+The vector helpers name the LLVM intrinsics by their x86 instruction (LLVM 22 as bundled
+with llvmlite 0.50 takes byte / word vector operands): `vpdpbusd` (4 adjacent u8 x s8
+products added to each int32 lane), `vpdpwssd` (2 s16 x s16), `vpmaddubsw` (2 u8 x s8
+into a saturating int16), `vpmaddwd`, `vpackssdw`, `llvm.fma`, `llvm.prefetch`.  The
+rest is generic IR (unaligned loads, shifts, shuffles, selects) that LLVM lowers well
+for any level.  No bounds checks: the builders stay inside the row's blocks and the
+arrays the drivers size; a prefetch may point past the end, which never faults.
 """
 
 from __future__ import annotations
 
 from llvmlite import ir
-from numba import types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from llvmlite.ir import IRBuilder
+
+from . import isa
 
 I8 = ir.IntType(8)
 I16 = ir.IntType(16)
@@ -32,6 +35,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 F32 = ir.FloatType()
 F16 = ir.HalfType()
+I8P = I8.as_pointer()
 
 # activation rows per pass over a weight row (docs/BENCHMARKS.md#multi-row-kernels)
 TILE = 8
@@ -109,10 +113,43 @@ def dpwssd(builder, acc, a16, b16):
 
 
 def pmaddwd(builder, a16, b16):
+    """<n x i32>: sum of 2 adjacent s16 x s16 products per lane (vpmaddwd)."""
     n = a16.type.count // 2 if a16.type.element == I16 else a16.type.count
     name = "llvm.x86.avx2.pmadd.wd" if n == 8 else "llvm.x86.avx512.pmaddw.d.512"
     return call(builder, name, V(I32, n), builder.bitcast(a16, V(I16, 2 * n)),
                 builder.bitcast(b16, V(I16, 2 * n)))
+
+
+def pmaddubsw(builder, u8, s8):
+    """<16 x i16>: sum of 2 adjacent u8 x s8 products per word, saturated to int16
+    (vpmaddubsw, ymm).  Exact while no pair exceeds 2^15 - 1: the callers keep
+    u * |s| * 2 below it."""
+    return call(builder, "llvm.x86.avx2.pmadd.ub.sw", V(I16, 16),
+                builder.bitcast(u8, V(I8, 32)), builder.bitcast(s8, V(I8, 32)))
+
+
+def dot4(builder, level, acc, u8, s8):
+    """acc <8 x i32> (None: zero) + the sum of each lane's 4 u8 x s8 products: vpdpbusd
+    on the VNNI levels; vpmaddubsw, then vpmaddwd by 1, on avx2 (exact only while the
+    pairs do not saturate: u * |s| * 2 < 2^15)."""
+    if level != isa.AVX2:
+        if acc is None:
+            acc = ir.Constant(V(I32, u8.type.count // 4), None)
+        return dpbusd(builder, acc, u8, s8)
+    s = pmaddwd(builder, pmaddubsw(builder, u8, s8), const_vec(I16, 16, 1))
+    return s if acc is None else builder.add(acc, s)
+
+
+def abs_sign(builder, q, x):
+    """(|q|, x * sign(q)) byte vectors: ggml's AVX2 trick for a signed x signed dot
+    product with vpmaddubsw (|q| <= 128 and |x| <= 127, so a pair is at most 32512)."""
+    n = q.type.count
+    zero = ir.Constant(V(I8, n), None)
+    neg = builder.icmp_signed("<", q, zero)
+    aq = builder.select(neg, builder.sub(zero, q), q)
+    sx = builder.select(neg, builder.sub(zero, x), x)
+    sx = builder.select(builder.icmp_signed("==", q, zero), zero, sx)
+    return aq, sx
 
 
 def packssdw(b, a, c):
@@ -154,61 +191,125 @@ def block_at(builder, w, i, bpb, pf, lines):
     return builder.gep(w, [o])
 
 
-def _c_array(t, ndim):
-    return isinstance(t, types.Array) and t.ndim == ndim and t.layout == "C"
+# --- the functions a level's kernels are made of --------------------------------------
+# Kernel ABI (all pointers i8*, all integers i64; the drivers in _drive.py call these):
+#   prep(x, n, s)         activations x (n int8) -> the scratch row s
+#   matvec(w, r0, r1, col, rb, x, xd, xs, s, y)
+#                         y[col + r] (f32) for the weight rows r0 .. r1 - 1 at w (rb
+#                         bytes each), activations x (int8), their block scales xd
+#                         (f32), their side array xs, the scratch row s
+#   matmul(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst)
+#                         y[t, col + r] for all m activation rows t (row strides in
+#                         bytes) and the weight rows r0 .. r1 - 1
+
+def _function(mod, name, argtys):
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), argtys), name=name)
+    fn.attributes.add("nounwind")
+    return fn, IRBuilder(fn.append_basic_block("entry"))
 
 
-# --- one weight row . one activation vector -------------------------------------------
+def define_prep(mod, name, body):
+    """void name(i8* x, i64 n, i8* s): `body(b, x, n, s)` fills the scratch row."""
+    fn, b = _function(mod, name, [I8P, I64, I8P])
+    body(b, *fn.args)
+    b.ret_void()
 
-def row_intrinsic(body, *extra, **options):
-    """A numba intrinsic f(wf, off, n, x8, xd, xs, pf) -> float32.
 
-    `body(builder, w, x8, xd, xs, n, pf, *extra, **options)` builds the dot product of
-    the weight row at byte `off` of wf (n blocks) with activations x8 (int8), their
-    scales xd (float32) and the format's side array xs, prefetching pf bytes ahead.
-    All arrays 1-D and C-contiguous."""
-    @intrinsic
-    def row_dot(typingctx, wf, off, n, x8, xd, xs, pf):
-        if not all(_c_array(t, 1) for t in (wf, x8, xd, xs)):
-            return None
-        sig = types.float32(wf, off, n, x8, xd, xs, pf)
+def define_matvec(mod, name, row, bpb, pf):
+    """void name(w, r0, r1, col, rb, x, xd, xs, s, y): for each weight row r,
+    y[col + r] = `row(b, w_r, x, xd, xs, s, nblk, pf)` (a float), nblk = rb / bpb."""
+    argtys = [I8P, I64, I64, I64, I64, I8P, I8P, I8P, I8P, I8P]
+    fn, b = _function(mod, name, argtys)
+    w, r0, r1, col, rb, x, xd, xs, s, y = fn.args
+    nblk = b.udiv(rb, i64(bpb))
+    yf = b.gep(b.bitcast(y, F32.as_pointer()), [col])
+    with for_range(b, r0, r1) as r:
+        v = row(b, b.gep(w, [b.mul(r, rb)]), x, xd, xs, s, nblk, i64(pf))
+        b.store(v, b.gep(yf, [r]))
+    b.ret_void()
 
-        def codegen(context, builder, signature, args):
-            a = signature.args
 
-            def ptr(k):
-                ary = context.make_array(a[k])(context, builder, args[k])
-                return builder.bitcast(ary.data, I8.as_pointer())
+def define_matmul(mod, name, tile_body, bpb, pf):
+    """void name(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst):
+    for each tile of up to TILE activation rows and each weight row r in r0 .. r1,
+    `tile_body(b, w_r, nblk, tile, pf, rows)` stores y[t, col + r] for the tile's rows.
+    The tile loop is outside the row loop: a chunk of weight rows (a few KB) stays in
+    L1 while the tiles pass over it."""
+    argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
+    fn, b = _function(mod, name, argtys)
+    (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
+    nblk = b.udiv(rb, i64(bpb))
+    ntile = b.udiv(b.add(m, i64(TILE - 1)), i64(TILE))
+    with for_range(b, i64(0), ntile) as k:
+        t0 = b.mul(k, i64(TILE))
+        nr = b.sub(m, t0)
+        nr = b.select(b.icmp_signed("<", nr, i64(TILE)), nr, i64(TILE))
+        with for_range(b, r0, r1) as r:
+            tile = Tile(x, xst, xd, xdst, xs, xsst, s, sst, y, yst, t0, nr,
+                        b.add(col, r))
+            tile_body(b, b.gep(w, [b.mul(r, rb)]), nblk, tile, i64(pf), Rows(tile))
+    b.ret_void()
 
-            def int64(k):
-                return context.cast(builder, args[k], a[k], types.int64)
 
-            w = builder.gep(ptr(0), [int64(1)])
-            return body(builder, w, ptr(3), ptr(4), ptr(5), int64(2), int64(6),
-                        *extra, **options)
+class for_range:
+    """`with for_range(b, start, stop) as i:` a counted loop over i64 values."""
 
-        return sig, codegen
-    return row_dot
+    def __init__(self, b, start, stop):
+        self.b, self.start, self.stop = b, start, stop
+
+    def __enter__(self):
+        b = self.b
+        self.pre = b.block
+        self.head = b.append_basic_block("loop.head")
+        self.body = b.append_basic_block("loop.body")
+        self.end = b.append_basic_block("loop.end")
+        b.branch(self.head)
+        b.position_at_end(self.head)
+        self.i = b.phi(I64)
+        self.i.add_incoming(self.start, self.pre)
+        b.cbranch(b.icmp_signed("<", self.i, self.stop), self.body, self.end)
+        b.position_at_end(self.body)
+        return self.i
+
+    def __exit__(self, *exc):
+        if exc[0] is not None:
+            return False
+        b = self.b
+        nxt = b.add(self.i, i64(1))
+        self.i.add_incoming(nxt, b.block)
+        b.branch(self.head)
+        b.position_at_end(self.end)
+        return False
+
+
+def alloca(b, ty, init=None):
+    """A stack slot in the function's entry block (LLVM promotes it to a register)."""
+    with b.goto_entry_block():
+        p = b.alloca(ty)
+    if init is not None:
+        b.store(init, p)
+    return p
 
 
 # --- one weight row . a tile of activation rows ---------------------------------------
 
 class Tile:
-    """Activation rows t0 .. t0+nr of 2-D C arrays x8 [m, n] (int8), xd [m, nblk] (f32),
-    xs [m, *] (the side array) and the output y [m, ldy] (f32, column `col`), as i8*
-    pointers and byte strides."""
+    """Activation rows t0 .. t0+nr of x [m, n] (int8), xd [m, nblk] (f32), xs [m, *]
+    (the side array), the scratch s [m, *] (`define_prep`'s rows) and the output y
+    [m, ldy] (f32, column `col`), as i8* pointers and byte strides."""
 
-    def __init__(self, x, xst, xd, xdst, xs, xsst, y, yst, t0, nr, col):
+    def __init__(self, x, xst, xd, xdst, xs, xsst, s, sst, y, yst, t0, nr, col):
         self.x, self.xst, self.xd, self.xdst = x, xst, xd, xdst
-        self.xs, self.xsst = xs, xsst
+        self.xs, self.xsst, self.s, self.sst = xs, xsst, s, sst
         self.y, self.yst, self.t0, self.nr, self.col = y, yst, t0, nr, col
 
     def ptrs(self, b, r):
-        """(x, xd, xs) i8* of tile row r (an i64 value)."""
+        """(x, xd, xs, s) i8* of tile row r (an i64 value)."""
         i = b.add(self.t0, r)
         return (b.gep(self.x, [b.mul(i, self.xst)]),
                 b.gep(self.xd, [b.mul(i, self.xdst)]),
-                b.gep(self.xs, [b.mul(i, self.xsst)]))
+                b.gep(self.xs, [b.mul(i, self.xsst)]),
+                b.gep(self.s, [b.mul(i, self.sst)]))
 
     def store(self, b, r, v):
         i = b.add(self.t0, r)
@@ -239,9 +340,9 @@ class Rows:
         promotes), or, with memory=True, in an array read and written through `ld` /
         `st` as volatile (fewer registers for accumulators touched once per block)."""
         if not memory:
-            slots = [cgutils.alloca_once(b, ty) for _ in range(self.n)]
+            slots = [alloca(b, ty) for _ in range(self.n)]
             return lambda b, k: slots[k]
-        arr = cgutils.alloca_once(b, ir.ArrayType(ty, self.n))
+        arr = alloca(b, ir.ArrayType(ty, self.n))
         zero = ir.Constant(I32, 0)
         return lambda b, k: _Slot(b.gep(arr, [zero, ir.Constant(I32, k)]))
 
@@ -250,7 +351,7 @@ class Rows:
         for k in range(self.n):
             kc = i64(k)
             v = fn(kc, k)
-            with cgutils.if_likely(b, b.icmp_signed("<", kc, self.tile.nr)):
+            with b.if_then(b.icmp_signed("<", kc, self.tile.nr), likely=True):
                 self.tile.store(b, kc, v)
 
 
@@ -292,39 +393,3 @@ def st(b, v, p):
     ins.align = 1
     b._insert(ins)
     return ins
-
-
-def rows_intrinsic(body, *extra, **options):
-    """A numba intrinsic f(addr, off, n, x8, xd, xs, t0, nr, y, col, pf) -> None.
-
-    `body(builder, w, n, tile, pf, rows, *extra, **options)` builds the dot products of
-    the weight row at address addr + off (n blocks) with activation rows t0 .. t0+nr
-    (nr <= TILE) of x8 [m, n_in] int8, xd [m, *] f32 and the side array xs [m, *];
-    the result of row t0 + i goes to y[t0 + i, col].  All arrays 2-D, C-contiguous.
-    `addr` is the address of a weight matrix's bytes (an int64, so that one kernel call
-    can cover several matrices: MultiMatrix)."""
-    @intrinsic
-    def rows_dot(typingctx, addr, off, n, x8, xd, xs, t0, nr, y, col, pf):
-        if not all(_c_array(t, 2) for t in (x8, xd, xs, y)):
-            return None
-        sig = types.void(addr, off, n, x8, xd, xs, t0, nr, y, col, pf)
-
-        def codegen(context, builder, signature, args):
-            a = signature.args
-
-            def int64(k):
-                return context.cast(builder, args[k], a[k], types.int64)
-
-            def ptr_stride(k):
-                ary = context.make_array(a[k])(context, builder, args[k])
-                stride = cgutils.unpack_tuple(builder, ary.strides, 2)[0]
-                return builder.bitcast(ary.data, I8.as_pointer()), stride
-
-            w = builder.gep(builder.inttoptr(int64(0), I8.as_pointer()), [int64(1)])
-            tile = Tile(*ptr_stride(3), *ptr_stride(4), *ptr_stride(5), *ptr_stride(8),
-                        int64(6), int64(7), int64(9))
-            body(builder, w, int64(2), tile, int64(10), Rows(tile), *extra, **options)
-            return context.get_dummy_value()
-
-        return sig, codegen
-    return rows_dot

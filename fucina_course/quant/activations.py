@@ -150,11 +150,12 @@ class QuantizedActivations:
     activations and the other fields are None.
     """
 
-    __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi")
+    __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi", "_side_bytes")
 
     def __init__(self, kind, q, d=None, s=None, bsum32=None, qi=None):
         self.kind, self._q, self.d, self.s = kind, q, d, s
         self.bsum32, self.qi = bsum32, qi
+        self._side_bytes = None
 
     @property
     def q(self) -> np.ndarray:
@@ -171,6 +172,14 @@ class QuantizedActivations:
         if self.bsum32 is not None:
             return self.bsum32
         return self.d
+
+    @property
+    def side_bytes(self) -> np.ndarray | None:
+        """`side` as uint8 [m, *] (the integer kernels take it as bytes: one kernel
+        signature whether it holds int32 or float32)."""
+        if self._side_bytes is None and self.d is not None:
+            self._side_bytes = self.side.view(np.uint8)
+        return self._side_bytes
 
     def dequantized(self) -> np.ndarray:
         """float32[m, n]: q * d per block (F-types: the rounded activations)."""

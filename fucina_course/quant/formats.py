@@ -5,7 +5,7 @@ fixed-size *blocks*, and each block holds a few scales plus small integer quants
 value is recovered as `d * q` (or `d * q + m`, `d * sc * q - dmin * m`, ...).  Every
 size and byte offset the rest of the package needs comes from the `FORMATS` records
 below; a new format is one record here plus its kernels (dequant.py, matvec.py and, for
-speed, an integer kernel in _vnni_matvec.py / _vnni_matmul.py).
+speed, its integer kernels in _int_matvec.py / _int_matmul.py).
 
 `vec_dot_type` is the format ggml converts the *activations* to before a dot product
 with weights of this format (ggml-cpu.c, `type_traits_cpu[t].vec_dot_type`).  The engine

@@ -1,35 +1,75 @@
-"""Which instruction-set level the kernels may use on this CPU.
+"""Which instruction-set level the kernels use on this CPU.
 
-A *level* names a family of kernels.  "float" is the portable one: plain numba loops
-(matvec.py) that LLVM vectorizes for whatever CPU it compiles for, so it runs
-everywhere.
-"avx512vnni" is the integer kernels of _vnni_matvec.py / _vnni_matmul.py, which emit
-AVX-512 VNNI instructions themselves and therefore must never be called on a CPU without
-them (an illegal instruction kills the process).  The dispatch tables of matvec.py and
-matmul.py are keyed by (format, level); a new level is a name and its feature set here,
-plus kernels and table entries there.
+A *level* names a family of kernels, best first:
 
-The decision is made once, at import, from the feature string numba compiles for (the
-host's, or NUMBA_CPU_FEATURES).  FUCINA_NO_VNNI=1 forces the float kernels.
+| level | integer dot product | CPUs |
+|---|---|---|
+| avx512vnni | `vpdpbusd` on zmm / ymm (EVEX) | Intel Ice Lake+ (servers), Zen 4+ |
+| avxvnni | `{vex} vpdpbusd` on ymm | Intel Alder Lake+ (most laptops since 2021) |
+| avx2 | `vpmaddubsw` + `vpmaddwd` on ymm | Haswell+, every Zen |
+| generic | none: float loops LLVM vectorizes | anything numba runs on (ARM, Apple) |
+
+The three x86 levels are integer kernels written in LLVM IR (_int_matvec.py,
+_int_matmul.py) and compiled by LLVM for the level's features only (`target`, _jit.py):
+the avx2 kernels are compiled for a CPU that has no AVX-512, so LLVM cannot emit a zmm
+register, an EVEX encoding or a mask register in them, even on a machine that has all
+three (tests/test_quant.py reads their assembly to be sure).  "generic" is the portable
+float kernels of matvec.py, which numba compiles for whatever CPU it runs on.
+
+The choice is made once, at import: the best level whose `NEEDED` features are all in
+the feature string numba compiles for (the host's, or NUMBA_CPU_FEATURES).
+FUCINA_SIMD=avx512vnni|avxvnni|avx2|generic caps it (a level this CPU lacks gives the
+best one below it, with a warning); FUCINA_NO_VNNI=1 is the older spelling of "no VNNI
+instruction", i.e. avx2 where the CPU has it.  `level` may be reassigned at run time
+(tests, benchmarks); a level outside `USABLE` dispatches the generic kernels, never an
+instruction the CPU lacks.  The dispatch tables (matvec.KERNELS, matmul.KERNELS) are
+keyed by (format, level): a new level is a name and its features here, then its kernels
+and table entries there.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
+import llvmlite.binding as ll
 from numba.core import config
 from numba.core.codegen import get_host_cpu_features
 
-FLOAT = "float"
 AVX512VNNI = "avx512vnni"
+AVXVNNI = "avxvnni"
+AVX2 = "avx2"
+GENERIC = "generic"
+FLOAT = GENERIC          # the generic level's name before the integer levels for AVX2
+LEVELS: tuple[str, ...] = (AVX512VNNI, AVXVNNI, AVX2, GENERIC)   # best first
 
-# level -> the LLVM features its kernels emit.  AVX512VNNI: vpdpbusd/vpdpwssd on ymm and
-# zmm (VNNI + VL), byte/word ops and mask registers (BW).  (AVX-VNNI alone, e.g. Alder
-# Lake, has the ymm vpdpbusd but not the masked byte ops and zmm forms.)
-NEEDED_FEATURES: dict[str, frozenset[str]] = {
-    AVX512VNNI: frozenset({"avx512f", "avx512bw", "avx512vl", "avx512vnni"}),
-    FLOAT: frozenset(),
+# The x86-64-v3 set (Haswell, every Zen): what the avx2 kernels are compiled for.
+_V3 = ("sse4.2", "ssse3", "popcnt", "avx", "avx2", "fma", "f16c", "bmi", "bmi2")
+
+# level -> the LLVM features its kernels may use; they are compiled for exactly these
+# (`target`), so a CPU with all of them runs every instruction in them.
+NEEDED: dict[str, frozenset[str]] = {
+    AVX512VNNI: frozenset(_V3 + ("avx512f", "avx512bw", "avx512vl", "avx512dq",
+                                 "avx512vnni")),
+    AVXVNNI: frozenset(_V3 + ("avxvnni",)),
+    AVX2: frozenset(_V3),
+    GENERIC: frozenset(),
 }
+NEEDED_FEATURES = NEEDED   # the older name
+
+
+def numba_cpu_name() -> str:
+    """The LLVM CPU name numba compiles for: NUMBA_CPU_NAME or the host's."""
+    return str(config.CPU_NAME or ll.get_host_cpu_name())
+
+
+def target(level: str) -> tuple[str, str, str]:
+    """(cpu, features, tune-cpu) the integer kernels of `level` are compiled for: the
+    baseline x86-64 CPU plus exactly the level's features, scheduled for this CPU
+    (tuning picks instruction order, never instructions: it was worth 5-8% in cache
+    for Q4_K / Q6_K on Sapphire Rapids, docs/BENCHMARKS.md#integer-levels)."""
+    features = ",".join("+" + f for f in sorted(NEEDED[level]))
+    return "x86-64", features, numba_cpu_name()
 
 
 def numba_cpu_features() -> str:
@@ -40,27 +80,44 @@ def numba_cpu_features() -> str:
 
 
 def usable(level: str, features: str) -> bool:
-    """True if an LLVM feature string ("+avx2,-avx512f,...") has all `level` uses."""
+    """True if an LLVM feature string ("+avx2,-avx512f,...") has all `level` needs."""
     on = {f[1:] for f in features.split(",") if f.startswith("+")}
-    return NEEDED_FEATURES[level] <= on
+    return NEEDED[level] <= on
 
 
 def vnni_usable(features: str) -> bool:
     return usable(AVX512VNNI, features)
 
 
-def _forced_off() -> bool:
-    return os.environ.get("FUCINA_NO_VNNI", "") not in ("", "0")
+def requested(env=os.environ) -> str:
+    """The level FUCINA_SIMD (or FUCINA_NO_VNNI=1) asks for; the best one if neither."""
+    name = env.get("FUCINA_SIMD", "").strip().lower()
+    if name:
+        if name not in LEVELS:
+            raise ValueError(f"FUCINA_SIMD={name!r}: expected one of "
+                             f"{', '.join(LEVELS)}")
+        return name
+    if env.get("FUCINA_NO_VNNI", "") not in ("", "0"):
+        return AVX2
+    return LEVELS[0]
 
 
-# The levels this process may run, best first.
-USABLE: tuple[str, ...] = tuple(
-    lv for lv in (AVX512VNNI,)
-    if usable(lv, numba_cpu_features()) and not _forced_off()) + (FLOAT,)
+def usable_levels(features: str, cap: str) -> tuple[str, ...]:
+    """The levels at or below `cap` that a CPU with `features` runs, best first."""
+    return tuple(lv for lv in LEVELS[LEVELS.index(cap):] if usable(lv, features))
+
+
+# The levels this process may run, best first (always ends with GENERIC).
+_CAP = requested()
+USABLE: tuple[str, ...] = usable_levels(numba_cpu_features(), _CAP)
 BEST = USABLE[0]
 HAVE_VNNI = AVX512VNNI in USABLE
+if _CAP != BEST and os.environ.get("FUCINA_SIMD"):
+    warnings.warn(f"FUCINA_SIMD={_CAP}: this CPU lacks "
+                  f"{', '.join(sorted(NEEDED[_CAP] - NEEDED[BEST]))}; using {BEST}",
+                  stacklevel=2)
 
-# The level the dispatchers (matvec, matmul) use.  Assign isa.FLOAT to run the portable
-# kernels (tests, benchmarks); a level missing from USABLE also gets them, since the
-# dispatch tables only hold the kernels of usable levels.
+# The level the dispatchers (matvec, matmul) use.  Assign another name from USABLE to
+# run its kernels (tests, benchmarks); a level missing from USABLE runs the generic
+# kernels.
 level = BEST

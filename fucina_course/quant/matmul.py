@@ -3,12 +3,12 @@
 Prefill (a prompt of m tokens) and batch decode (m streams) multiply each weight matrix
 by m rows at once.  Three paths, chosen by `path=`:
 
-* **"rows"**: the multi-row integer kernels (_vnni_matmul.py; Q4_K, Q5_K, Q6_K, Q8_0,
-  Q4_0, Q5_0 where the CPU has AVX-512 VNNI).  Each weight block is unpacked once per
+* **"rows"**: the multi-row integer kernels (_int_matmul.py; the quantized formats, at
+  the integer levels of isa.py).  Each weight block is unpacked once per
   tile of 8 activation rows, so the matrix streams from memory once per 8 rows; all
   parts of a MultiMatrix (q/k/v, gate/up) go in one call.  Row i of the result is
   bit-identical to `matvec` of row i: batch decode equals sequential decode exactly.
-  Other formats, or `isa.level` = FLOAT: the "gemv" path.
+  Float formats, or `isa.level` = GENERIC: the "gemv" path.
 * **"gemv"**: `matvec_quantized` once per row.  Reads the whole matrix m times.
 * **"blas"**: dequantize a tile of consecutive weight rows to float32 (4M elements =
   16 MB, a buffer reused per thread; a serial numba kernel, dequant.py) and multiply it
@@ -46,12 +46,14 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit
 
-from . import _vnni_matmul, isa
+from . import isa
+from ._int import IntKernels, run
 from ._intrinsics import f16_to_f32
 from .activations import quantize_activations
 from .dequant import dequantize_into
 from .formats import FORMATS
 from .matrix import MultiMatrix
+from .matvec import KERNELS as _MV_KERNELS
 from .matvec import matvec_quantized
 
 
@@ -85,17 +87,18 @@ PREFILL_MIN_ROWS = 16
 # OpenBLAS's workers spin, the model-level crossover is ~64 prompt tokens (Q4_K pp64:
 # rows 100-110 vs blas 104-115 tok/s); without the spin, the kernels' own crossover
 # (docs/BENCHMARKS.md#prefill-paths).  Assign to change.
+_INT = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
 if openblas_workers_spin():
-    ROWS_BLAS_MIN_ROWS = {t: 64 for t in _vnni_matmul.MM_KERNELS}
+    ROWS_BLAS_MIN_ROWS = {t: 64 for t in _INT}
 else:
     ROWS_BLAS_MIN_ROWS = {T.Q4_K: 512, T.Q5_K: 512, T.Q6_K: 512, T.Q8_0: 256,
-                          T.Q4_0: 512, T.Q5_0: 256}
+                          T.Q4_0: 512, T.Q5_0: 256, T.Q4_1: 256, T.Q5_1: 256}
 
-# (format, instruction-set level) -> multi-row kernel, only for levels this CPU runs
-KERNELS = {}
-if isa.AVX512VNNI in isa.USABLE:
-    KERNELS.update({(t, isa.AVX512VNNI): k for t, k in _vnni_matmul.MM_KERNELS.items()})
-_BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items()}
+# (format, instruction-set level) -> multi-row kernel: the tile kernels of each integer
+# level (the same `IntKernels` as matvec's, one compiled module per format and level).
+# The generic level has none: "rows" is then the "gemv" path.
+KERNELS = {key: k for key, k in _MV_KERNELS.items() if isinstance(k, IntKernels)}
+_BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
 
 # float32 elements per dequantized weight tile (16 MB, reused per thread): faster than
 # tiles of 1M elements or of 128 rows at m = 64-256 (docs/BENCHMARKS.md#prefill-paths)
@@ -185,8 +188,9 @@ def matmul_rows(w, X: np.ndarray, out: np.ndarray) -> np.ndarray:
     in one call.  X f32[m, n_in] C-contiguous, out f32[m, n_out] C-contiguous."""
     qa = quantize_activations(X, w.vec_dot_type)
     kernel = _BY_VALUE[(w.ggml_type._value_, isa.level)]
+    fns = kernel.fns if kernel.fns is not None else kernel.load()
     parts, rb = w.kernel_parts()
-    kernel(parts, rb, qa.qi, qa.d, qa.side, out)
+    run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, -1, out.reshape(-1), out.shape[1])
     return out
 
 

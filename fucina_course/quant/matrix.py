@@ -52,7 +52,7 @@ class QuantMatrix:
 
     def kernel_parts(self) -> tuple[np.ndarray, int]:
         """(int64[1, 3] (address of the bytes, rows, first output column), row bytes):
-        the matrix as the multi-row kernels (_vnni_matmul.mm_*) take it.  The address
+        the matrix as the integer kernels (_int.run) take it.  The address
         stays valid while `self` lives."""
         if self._parts is None:
             parts = np.array([[self.flat.ctypes.data, self.n_out, 0]], np.int64)

@@ -20,10 +20,10 @@ reference.py, a numpy transcription of the formulas, and against llama.cpp's own
 `ggml_vec_dot_*`).
 
 Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
-* integer kernels (_vnni_matvec.py) for Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q5_0 where the CPU
-  has AVX-512 VNNI (isa.py): 2-5x the float kernels in cache, 1.1-2x over a sweep;
-* float kernels (below) for every format: the only ones for Q4_1, Q5_1, F16, BF16, F32,
-  and the portable fallback.
+* integer kernels (_int_matvec.py) for the quantized formats at the x86 levels of isa.py
+  (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
+* float kernels (below), the "generic" level: every format on every CPU, the only ones
+  for F16, BF16 and F32.
 
 Float kernel shape: `prange` over chunks of ROWS output rows; per row one 32-lane
 float32 accumulator to which every block adds `scale * (float(q_w) * q_x)` lane-wise,
@@ -58,7 +58,9 @@ import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
-from . import _vnni_matvec, isa  # noqa: E402
+from . import isa  # noqa: E402
+from ._int import IntKernels, run  # noqa: E402
+from ._int_matvec import INT_FORMATS  # noqa: E402
 from ._intrinsics import f16_to_f32, prefetch, u32_as_f32  # noqa: E402
 from .activations import quantize_activations  # noqa: E402
 from .matrix import MultiMatrix  # noqa: E402
@@ -434,20 +436,32 @@ def _mv_f32(w32, wf, x, y):
 
 # --- dispatch -------------------------------------------------------------------------
 
-# (format, instruction-set level) -> kernel.  A level's kernels enter the table only
-# where this CPU runs them (isa.USABLE), so no illegal instruction is ever dispatched.
+# (format, instruction-set level) -> kernel: the generic float kernels above for every
+# format, and an `IntKernels` (compiled on first use) for each quantized format at each
+# integer level.  `fucina info --kernels` prints it.
 KERNELS = {
-    (T.Q8_0, isa.FLOAT): _mv_q8_0, (T.Q4_0, isa.FLOAT): _mv_q4_0,
-    (T.Q5_0, isa.FLOAT): _mv_q5_0, (T.Q4_1, isa.FLOAT): _mv_q4_1,
-    (T.Q5_1, isa.FLOAT): _mv_q5_1, (T.Q4_K, isa.FLOAT): _mv_q4_k,
-    (T.Q5_K, isa.FLOAT): _mv_q5_k, (T.Q6_K, isa.FLOAT): _mv_q6_k,
-    (T.F16, isa.FLOAT): _mv_f16, (T.BF16, isa.FLOAT): _mv_bf16,
-    (T.F32, isa.FLOAT): _mv_f32,
+    (T.Q8_0, isa.GENERIC): _mv_q8_0, (T.Q4_0, isa.GENERIC): _mv_q4_0,
+    (T.Q5_0, isa.GENERIC): _mv_q5_0, (T.Q4_1, isa.GENERIC): _mv_q4_1,
+    (T.Q5_1, isa.GENERIC): _mv_q5_1, (T.Q4_K, isa.GENERIC): _mv_q4_k,
+    (T.Q5_K, isa.GENERIC): _mv_q5_k, (T.Q6_K, isa.GENERIC): _mv_q6_k,
+    (T.F16, isa.GENERIC): _mv_f16, (T.BF16, isa.GENERIC): _mv_bf16,
+    (T.F32, isa.GENERIC): _mv_f32,
 }
-if isa.AVX512VNNI in isa.USABLE:
-    KERNELS.update({(t, isa.AVX512VNNI): k for t, k in _vnni_matvec.MV_KERNELS.items()})
-# keyed by (int, str): an Enum's __hash__ is a Python-level call, ~0.1 us per matvec
-_BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items()}
+KERNELS.update({(t, lv): IntKernels(t, lv) for t in INT_FORMATS
+                for lv in (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)})
+# What may be dispatched: only the levels this CPU runs (isa.USABLE), so no illegal
+# instruction ever is.  Keyed by (int, str): an Enum's __hash__ is a Python-level call,
+# ~0.1 us per matvec.
+_BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
+
+
+def kernel_for(ggml_type, level: str | None = None):
+    """(level, kernel) `matvec` runs for a format at `level` (default: isa.level)."""
+    lv = isa.level if level is None else level
+    k = _BY_VALUE.get((int(ggml_type), lv))
+    if k is None:
+        lv, k = isa.GENERIC, _BY_VALUE[(int(ggml_type), isa.GENERIC)]
+    return lv, k
 
 
 def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
@@ -461,19 +475,20 @@ def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     if qa.kind is not w.vec_dot_type and qa.kind != w.vec_dot_type:  # `is`: == is slow
         raise ValueError(f"{w.name!r} ({t.name}) needs activations as "
                          f"{w.vec_dot_type.name}, got {qa.kind.name}")
-    if isinstance(w, MultiMatrix):
+    kernel = _BY_VALUE.get((t._value_, isa.level))
+    if kernel is None:                   # no kernel of this level: the generic one
+        kernel = _BY_VALUE[(t._value_, isa.GENERIC)]
+    if type(kernel) is IntKernels:       # every part of a MultiMatrix in one call
+        fns = kernel.fns if kernel.fns is not None else kernel.load()
+        parts, rb = w.kernel_parts()
+        run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, row, out, 0)
+    elif isinstance(w, MultiMatrix):
         for part, (a, b) in zip(w.parts, w.bounds):
             matvec_quantized(part, qa, out[a:b], row)
-        return out
-    lv = isa.level
-    kernel = _BY_VALUE.get((t._value_, lv))
-    if kernel is None:                   # no kernel of this level: the portable one
-        lv, kernel = isa.FLOAT, _BY_VALUE[(t._value_, isa.FLOAT)]
-    if qa.d is None:                     # F32 / F16 / BF16: plain numbers on both sides
+    elif qa.d is None:                   # F32 / F16 / BF16: plain numbers on both sides
         kernel(w.wv, w.flat, qa.q[row], out)
-    else:                                # integer kernels read int8, float ones floats
-        x = qa.q if lv == isa.FLOAT else qa.qi
-        kernel(w.raw, w.flat, x[row], qa.d[row], qa.side[row], out)
+    else:                                # the float kernels read the quants as floats
+        kernel(w.raw, w.flat, qa.q[row], qa.d[row], qa.side[row], out)
     return out
 
 

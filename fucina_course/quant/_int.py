@@ -1,0 +1,214 @@
+"""The integer kernels of one (format, level): built, compiled lazily, run in parallel.
+
+`IntKernels(format, level)` is one entry of the dispatch tables (matvec.KERNELS,
+matmul.KERNELS).  Nothing is compiled when it is created: `load()` builds the format's
+LLVM module for the level (the row builder of _int_matvec.py, the tile builder of
+_int_matmul.py and the activation preps they need), compiles or loads it (_jit.py) and
+keeps the function addresses.  One numba kernel runs them all, `run`: every quantized
+format, at every level, for matvec and matmul, so a first start compiles one numba
+kernel however many formats a file holds (cached on disk like every numba kernel).
+
+`run` prepares the activations once per call, then `prange`s over chunks of ROWS
+weight rows and calls the level's function for each chunk.  It takes all parts of a
+MultiMatrix (q/k/v, gate/up) in one call: one parallel region and one activation pass
+instead of three.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import _jit
+from ._int_matmul import tile_function, tile_prep_function
+from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
+                          row_function)
+from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
+from .formats import FORMATS
+
+# what `fucina info --kernels` says about each builder
+_DESCRIBE = {
+    "q4k_row": "{w} vpmaddubsw/vpdpbusd + sub-block scales",
+    "q6k_row": "ymm, 6-bit quants + 32, lane offsets",
+    "blk32_row": "{w} byte dot products per block",
+}
+
+
+class IntKernels:
+    """The matvec and matmul kernels of one format at one integer level."""
+
+    def __init__(self, ggml_type, level):
+        self.ggml_type, self.level = ggml_type, level
+        self.name = ggml_type.name.lower()
+        self.fns = None                 # int64[4]: prep_mv, matvec, prep_mm, matmul
+
+    def __repr__(self) -> str:
+        return f"IntKernels({self.ggml_type.name}, {self.level})"
+
+    def symbols(self) -> list[str]:
+        base = f"{self.name}_{self.level}"
+        return [f"{base}_{part}" for part in ("prep_mv", "matvec", "prep_mm", "matmul")]
+
+    def build(self, mod: ir.Module) -> None:
+        """Define the four functions of `symbols()` in `mod` (a prep may be empty)."""
+        t, lv = self.ggml_type, self.level
+        bpb = FORMATS[t].block_bytes
+        prep_mv, matvec, prep_mm, matmul = self.symbols()
+        define_prep(mod, prep_mv, prep_function(t, lv) or _no_prep)
+        define_matvec(mod, matvec, row_function(t, lv), bpb, PREFETCH)
+        define_prep(mod, prep_mm, tile_prep_function(t, lv) or _no_prep)
+        define_matmul(mod, matmul, tile_function(t, lv), bpb, PREFETCH)
+
+    @property
+    def cached(self) -> bool:
+        """True if loading needs no compilation (in memory or in the disk cache)."""
+        return self.fns is not None or _jit.is_cached(self.name, self.level)
+
+    def load(self) -> np.ndarray:
+        """The functions' addresses (compiled on first use); 0 for an empty prep."""
+        if self.fns is None:
+            addr = _jit.load(self.name, self.level, self.build, self.symbols())
+            fns = np.array([addr[s] for s in self.symbols()], np.int64)
+            t, lv = self.ggml_type, self.level
+            if prep_function(t, lv) is None:
+                fns[0] = 0
+            if tile_prep_function(t, lv) is None:
+                fns[2] = 0
+            self.fns = fns
+        return self.fns
+
+    def describe(self) -> str:
+        builder, opts, _ = ROW_BUILDERS[(self.ggml_type, self.level)]
+        w = "zmm" if opts.get("width") == 512 or (
+            builder.__name__ == "blk32_row" and self.level == "avx512vnni") else "ymm"
+        return _DESCRIBE[builder.__name__].format(w=w)
+
+
+def _no_prep(b, x, n, s):
+    pass
+
+
+# --- calling the functions from numba -------------------------------------------------
+
+def _data(context, builder, ty, val):
+    ary = context.make_array(ty)(context, builder, val)
+    return builder.bitcast(ary.data, I8P)
+
+
+def _stride0(context, builder, ty, val):
+    ary = context.make_array(ty)(context, builder, val)
+    return cgutils.unpack_tuple(builder, ary.strides, ty.ndim)[0]
+
+
+def _call(builder, fn_addr, args):
+    fnty = ir.FunctionType(ir.VoidType(), [a.type for a in args])
+    builder.call(builder.inttoptr(fn_addr, fnty.as_pointer()), args)
+
+
+@intrinsic
+def _call_prep(typingctx, fn, x, s):
+    """fn(x, n, s): a define_prep function on one activation row."""
+    sig = types.void(fn, x, s)
+
+    def codegen(context, builder, signature, args):
+        a = signature.args
+        n = context.make_array(a[1])(context, builder, args[1]).nitems
+        _call(builder, args[0], [_data(context, builder, a[1], args[1]), n,
+                                 _data(context, builder, a[2], args[2])])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _call_matvec(typingctx, fn, addr, r0, r1, col, rb, x, xd, xs, s, y):
+    """fn(w, r0, r1, col, rb, x, xd, xs, s, y): a define_matvec function."""
+    sig = types.void(fn, addr, r0, r1, col, rb, x, xd, xs, s, y)
+
+    def codegen(context, builder, signature, args):
+        a = signature.args
+
+        def i64(k):
+            return context.cast(builder, args[k], a[k], types.int64)
+
+        ptrs = [_data(context, builder, a[k], args[k]) for k in range(6, 11)]
+        w = builder.inttoptr(i64(1), I8P)
+        _call(builder, args[0], [w, i64(2), i64(3), i64(4), i64(5)] + ptrs)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _call_matmul(typingctx, fn, addr, r0, r1, col, rb, x, xd, xs, s, y, ldy):
+    """fn(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst)."""
+    sig = types.void(fn, addr, r0, r1, col, rb, x, xd, xs, s, y, ldy)
+
+    def codegen(context, builder, signature, args):
+        a = signature.args
+
+        def i64(k):
+            return context.cast(builder, args[k], a[k], types.int64)
+
+        w = builder.inttoptr(i64(1), I8P)
+        m = cgutils.unpack_tuple(
+            builder, context.make_array(a[6])(context, builder, args[6]).shape, 2)[0]
+        rest = []
+        for k in range(6, 10):
+            rest += [_data(context, builder, a[k], args[k]),
+                     _stride0(context, builder, a[k], args[k])]
+        rest += [_data(context, builder, a[10], args[10]),
+                 builder.mul(i64(11), ir.Constant(I64, 4))]
+        _call(builder, args[0], [w, i64(2), i64(3), i64(4), i64(5), m] + rest)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(inline="always")
+def _chunks(parts):
+    """(part, first row) of every chunk of ROWS weight rows, over all parts."""
+    nch = 0
+    for p in range(parts.shape[0]):
+        nch += (parts[p, 1] + ROWS - 1) // ROWS
+    cp = np.empty(nch, np.int64)
+    cr = np.empty(nch, np.int64)
+    c = 0
+    for p in range(parts.shape[0]):
+        for r0 in range(0, parts[p, 1], ROWS):
+            cp[c] = p
+            cr[c] = r0
+            c += 1
+    return cp, cr
+
+
+@njit(parallel=True, cache=True)
+def run(fns, parts, rb, x, xd, xs, row, y, ldy):
+    """The weight matrices `parts` times activations, with the functions fns (an
+    `IntKernels.load()`).
+
+    parts int64[P, 3] = (address of the weight bytes, rows, first output column) of
+    each matrix of a MultiMatrix (P = 1 for a QuantMatrix), all of one format and row
+    length (rb bytes).  x int8[m, n_in] the quantized activations, xd f32 their block
+    scales, xs their side array as bytes (`QuantizedActivations.side_bytes`).
+    row >= 0: matvec of activation row `row`, y f32[n_out];
+    row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened)."""
+    m, n = x.shape
+    one = row >= 0
+    prep = fns[0] if one else fns[2]
+    t0 = row if one else 0
+    nr = 1 if one else m
+    s = np.empty((nr, n if prep != 0 else 0), np.uint8)
+    if prep != 0:
+        for t in range(nr):
+            _call_prep(prep, x[t0 + t], s[t])
+    cp, cr = _chunks(parts)
+    for c in prange(cp.size):
+        p = cp[c]
+        r1 = min(parts[p, 1], cr[c] + ROWS)
+        if one:
+            _call_matvec(fns[1], parts[p, 0], cr[c], r1, parts[p, 2], rb, x[row],
+                         xd[row], xs[row], s[0], y)
+        else:
+            _call_matmul(fns[3], parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd, xs,
+                         s, y, ldy)

@@ -1,0 +1,299 @@
+"""Integer kernels, one weight row x a tile of activation rows (`matmul`), every level.
+
+The row builders of _int_matvec.py dot one weight row with one activation vector.  The
+builders here dot it with up to TILE (8) activation rows: each weight block is loaded
+and unpacked once, then multiplied with every row of the tile, so a weight row streams
+from memory once per tile instead of once per row.  That took short prefill (pp16, Q4_K)
+from 40 to 165 tok/s (avx512vnni, 2026-11-29, docs/BENCHMARKS.md#multi-row-kernels).
+
+Per activation row the float work is the one-row builder's, instruction for instruction
+(same lanes, same `d * float(lane)` fma per block, same final tree sum), and the integer
+lane sums are equal, so row i of the result is bit-identical to `matvec` of row i at
+the same level (tests/test_quant.py asserts equality): N streams decoded as one batch
+give exactly the tokens of N single decodes.  What differs is where the formats with an
+offset (u = q + off) correct their lanes:
+
+    one-row:  lane = dpbusd(xoff, u, x)        xoff = -off * (sum of the lane's 4 x)
+    tile:     lane = dpbusd(init, x ^ 0x80, q)  q = u - off signed, x + 128 unsigned,
+              init = 512 * off - 128 * (sum of the lane's 4 u)
+                   = dpbusd(512 * off, u, -128)
+
+i.e. the correction moves from the activation side (an int32 array as large as x, read
+per row) to the weight side (one extra vpdpbusd per weight vector, shared by the tile).
+avx2 does the same with int16 pairs, `vpmaddubsw(x + 128, q) - vpmaddubsw(128, q)`
+(|q| <= 32, so no pair saturates), except Q8_0 (|q| up to 128: ggml's sign trick per
+row).  Both leave the exact sum_j (u_j - off) x_j in the lane.  The activations are
+stored once per call as x + 128 (`prep_xor80`), and for Q4_K's zmm form in its nibble
+order.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+
+from . import isa
+from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
+                          blk32_signed, prep_interleave, prep_xor80, q4k_d_dmin,
+                          q4k_dot, q4k_min_words, q4k_quants, q4k_scale_words,
+                          q4k_scales, q4k_x, q5k_high_bits, q6k_pair_scales, q6k_quants,
+                          q6k_scale_words, q6k_scales, unsigned_offset)
+from ._ir import (F32, I8, I16, I32, V, abs_sign, block_at, const_vec, dot4, dpbusd,
+                  dpwssd, fma, fold16, for_range, hsum_f32, i64, ld, load, load_f16,
+                  packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat, st)
+from .formats import FORMATS
+
+
+def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
+    """q4k_row for a tile: the quants, scales and mins of each super-block are unpacked
+    once, then each row does its integer dot products and its two float accumulations
+    as q4k_row does.  The rows' 8-lane mins accumulators live in memory (volatile): all
+    in registers, LLVM spilled constants in the loop and Q4_K streamed 15.4 -> 13.3 GB/s
+    at m = 2 (docs/BENCHMARKS.md#multi-row-kernels)."""
+    bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
+    nl = width // 32
+    zero = ir.Constant(V(I32, nl), None)
+    acc = rows.acc(b, V(F32, nl))
+    accm = rows.acc(b, V(F32, 8), memory=True)
+
+    def init(r, k):
+        b.store(ir.Constant(V(F32, nl), None), acc(b, k))
+        st(b, ir.Constant(V(F32, 8), None), accm(b, k))
+    rows.each(b, init)
+    with for_range(b, i64(0), nsb) as i:
+        p = block_at(b, w, i, bpb, pf, 3)
+        qhh = q5k_high_bits(b, p, width) if five else None
+        raw16 = load(b, p, None, V(I8, 16))
+        ddw = q4k_d_dmin(b, raw16)
+        sm = q4k_scales(b, raw16)
+        mw = q4k_min_words(b, sm)
+        nvec = 1024 // width
+        los, his, scs = [], [], []
+        for j in range(nvec):
+            lo, hi, sub_lo, sub_hi = q4k_quants(b, p, j, width, qhh)
+            los.append(lo)
+            his.append(hi)
+            scs.append(q4k_scale_words(b, level, sm, width, sub_lo, sub_hi))
+        xo = b.mul(i, i64(256))
+
+        def row(r, k):
+            x, xd, xbs, s = tile.ptrs(b, r)
+            if width == 512:
+                x = s                       # the nibble-ordered copy (prep_interleave)
+            xs = load(b, xd, b.mul(i, i64(4)), F32)
+            dd = b.fmul(ddw, splat(b, xs, 2))
+            d = b.extract_element(dd, ir.Constant(I32, 0))
+            dmin = b.extract_element(dd, ir.Constant(I32, 1))
+            bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
+            msum = pmaddwd(b, mw, bs)
+            pm = accm(b, k)
+            st(b, fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), ld(b, pm)), pm)
+            sumi = zero
+            for j in range(nvec):
+                xlo, xhi = q4k_x(b, x, xo, j, width)
+                sumi = q4k_dot(b, level, sumi, los[j], his[j], xlo, xhi, scs[j])
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
+        rows.each(b, row)
+
+    def result(r, k):
+        a = b.load(acc(b, k))
+        if nl == 16:
+            a = fold16(b, a)
+        return hsum_f32(b, b.fsub(a, ld(b, accm(b, k))))
+    rows.finish(b, result)
+
+
+def _offset_init(b, u, off):
+    """<n/4 x i32> 512 * off - 128 * (sum of each lane's 4 unsigned quants u): the start
+    of a dpbusd of (x + 128) with q = u - off that leaves the exact sum_j q_j x_j."""
+    n = u.type.count // 4
+    return dpbusd(b, const_vec(I32, n, 512 * off), u, const_vec(I8, 4 * n, -128))
+
+
+def _pair_correction(b, q):
+    """avx2: <16 x i16> 128 * (q_2i + q_2i+1), what vpmaddubsw(x + 128, q) adds to the
+    int16 pairs of x . q (vpmaddubsw(128, q))."""
+    return pmaddubsw(b, const_vec(I8, 32, 0x80), q)
+
+
+def q6k_rows(b, w, nsb, tile, pf, rows, level):
+    """q6k_row for a tile of activation rows stored as x + 128 (module docstring)."""
+    fmt = FORMATS[T.Q6_K]
+    off = unsigned_offset(T.Q6_K)
+    nl = 8
+    zero = ir.Constant(V(I32, nl), None)
+    acc = rows.acc(b, V(F32, nl))
+    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, nl), None), acc(b, k)))
+    c32 = const_vec(I8, 32, off)
+    avx2 = level == isa.AVX2
+    with for_range(b, i64(0), nsb) as i:
+        p = block_at(b, w, i, fmt.block_bytes, pf, 4)
+        dw = load_f16(b, p, i64(fmt.d_offset))
+        sc16 = q6k_scales(b, p)
+        qv, inits, scw = [], [], []
+        for n in range(2):
+            for k, u in enumerate(q6k_quants(b, p, n)):
+                qv.append(b.sub(u, c32))
+                if avx2:
+                    inits.append(_pair_correction(b, qv[-1]))
+                    scw.append(q6k_pair_scales(b, sc16, n, k))
+                else:
+                    inits.append(_offset_init(b, u, off))
+            if not avx2:
+                for k in (0, 2):
+                    scw.append(q6k_scale_words(b, sc16, n, k))
+        xo = b.mul(i, i64(256))
+
+        def row(r, k):
+            _, xd, _, xu = tile.ptrs(b, r)
+            d = b.fmul(dw, load(b, xd, b.mul(i, i64(4)), F32))
+            sumi = zero
+            xv = [load(b, xu, b.add(xo, i64(32 * v)), V(I8, 32)) for v in range(8)]
+            if avx2:
+                for v in range(8):
+                    p16 = b.sub(pmaddubsw(b, xv[v], qv[v]), inits[v])
+                    sumi = b.add(sumi, pmaddwd(b, p16, scw[v]))
+            else:
+                for v in range(0, 8, 2):
+                    dots = [dpbusd(b, inits[v + h], xv[v + h], qv[v + h])
+                            for h in range(2)]
+                    sumi = dpwssd(b, sumi, packssdw(b, dots[0], dots[1]), scw[v // 2])
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
+        rows.each(b, row)
+    rows.finish(b, lambda r, k: hsum_f32(b, b.load(acc(b, k))))
+
+
+def _blk32_form(level, t):
+    """How a tile dots 32-element blocks: "vnni-offset" (x + 128 . q, weight-side
+    init), "avx2-offset" (the same in int16 pairs), "sign" (avx2 Q8_0: |q| . x sign(q)),
+    or "plain" (Q4_1 / Q5_1: u . x)."""
+    if not unsigned_offset(t):
+        return "plain"
+    if level != isa.AVX2:
+        return "vnni-offset"
+    return "sign" if t == T.Q8_0 else "avx2-offset"
+
+
+def blk32_rows(b, w, nb, tile, pf, rows, level, t):
+    """blk32_row for a tile of activation rows (x + 128 for the offset forms): at
+    avx512vnni two blocks per zmm iteration and an odd last block through ymm, else
+    one block per ymm iteration; each row's float work as in blk32_row."""
+    bpb = FORMATS[t].block_bytes
+    off = unsigned_offset(t)
+    form = _blk32_form(level, t)
+    with_min = FORMATS[t].m_offset is not None
+    acc = rows.acc(b, V(F32, 8))
+    accm = rows.acc(b, V(F32, 2)) if with_min else None
+    accm1 = rows.acc(b, V(F32, 1)) if with_min else None
+
+    def init(r, k):
+        b.store(ir.Constant(V(F32, 8), None), acc(b, k))
+        if with_min:
+            b.store(ir.Constant(V(F32, 2), None), accm(b, k))
+            b.store(ir.Constant(V(F32, 1), None), accm1(b, k))
+    rows.each(b, init)
+
+    def weights(u):
+        """The weight-side operands of a block (pair) for `lanes`."""
+        if form == "vnni-offset":
+            return blk32_signed(b, t, u), _offset_init(b, u, off)
+        if form == "avx2-offset":
+            q = blk32_signed(b, t, u)
+            return q, _pair_correction(b, q)
+        if form == "sign":
+            return blk32_signed(b, t, u), None
+        return u, None
+
+    def lanes(wq, corr, x, xu, n):
+        if form == "vnni-offset":
+            return dpbusd(b, corr, load(b, xu[0], xu[1], V(I8, n)), wq)
+        xv = load(b, x[0], x[1], V(I8, n))
+        if form == "avx2-offset":
+            xuv = load(b, xu[0], xu[1], V(I8, n))
+            p16 = b.sub(pmaddubsw(b, xuv, wq), corr)
+            return pmaddwd(b, p16, const_vec(I16, 16, 1))
+        if form == "sign":
+            return dot4(b, level, None, *abs_sign(b, wq, xv))
+        return dot4(b, level, None, wq, xv)
+
+    start = i64(0)
+    if level == isa.AVX512VNNI:
+        acc2 = rows.acc(b, V(F32, 16))
+        rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
+        npair = b.sdiv(nb, i64(2))
+        with for_range(b, i64(0), npair) as index:
+            i, p = blk32_pair(b, w, index, bpb, pf)
+            dvw, mvw = blk32_scales(b, p, t, 2)
+            wq, corr = weights(blk32_quants(b, p, t, 2))
+
+            def row(r, k):
+                x, xd, xs, s = tile.ptrs(b, r)
+                dvr = b.fmul(dvw, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
+                dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
+                o = b.mul(i, i64(32))
+                dot = lanes(wq, corr, (x, o), (s, o), 64)
+                pa = acc2(b, k)
+                b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
+                if with_min:
+                    xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+                    pm = accm(b, k)
+                    b.store(fma(b, mvw, xm, b.load(pm)), pm)
+            rows.each(b, row)
+        rows.each(b, lambda r, k: b.store(fold16(b, b.load(acc2(b, k))), acc(b, k)))
+        start = b.mul(npair, i64(2))
+    with for_range(b, start, nb) as i:
+        o = b.mul(i, i64(bpb))
+        prefetch(b, w, b.add(o, pf))
+        p = b.gep(w, [o])
+        dvw, mvw = blk32_scales(b, p, t, 1)
+        dw = b.extract_element(dvw, ir.Constant(I32, 0))
+        wq, corr = weights(blk32_quants(b, p, t, 1))
+
+        def row1(r, k):
+            x, xd, xs, s = tile.ptrs(b, r)
+            d = b.fmul(dw, load(b, xd, b.mul(i, i64(4)), F32))
+            xo = b.mul(i, i64(32))
+            dot = lanes(wq, corr, (x, xo), (s, xo), 32)
+            pa = acc(b, k)
+            b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), b.load(pa)), pa)
+            if with_min:
+                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 1))
+                pm = accm1(b, k)
+                b.store(fma(b, mvw, xm, b.load(pm)), pm)
+        rows.each(b, row1)
+
+    def result(r, k):
+        total = hsum_f32(b, b.load(acc(b, k)))
+        if with_min:
+            mins = b.fadd(hsum_f32(b, b.load(accm(b, k))),
+                          b.extract_element(b.load(accm1(b, k)), ir.Constant(I32, 0)))
+            total = b.fadd(total, mins)
+        return total
+    rows.finish(b, result)
+
+
+# --- which builder each (format, level) uses ------------------------------------------
+
+def tile_function(t, level):
+    """tile_body(b, w, nblk, tile, pf, rows) for `define_matmul`, with the same lanes
+    as the row builder of (t, level)."""
+    _, opts, _ = ROW_BUILDERS[(t, level)]
+    if t in (T.Q4_K, T.Q5_K):
+        return lambda b, w, n, tile, pf, rows: q4k_rows(b, w, n, tile, pf, rows, level,
+                                                        **opts)
+    if t == T.Q6_K:
+        return lambda b, w, n, tile, pf, rows: q6k_rows(b, w, n, tile, pf, rows, level)
+    return lambda b, w, n, tile, pf, rows: blk32_rows(b, w, n, tile, pf, rows, level, t)
+
+
+def tile_prep_function(t, level):
+    """The define_prep body each activation row of a tile needs, or None."""
+    if ROW_BUILDERS[(t, level)][2] == "interleave":
+        return prep_interleave
+    if t in (T.Q4_K, T.Q5_K):
+        return None
+    if t == T.Q6_K or _blk32_form(level, t) in ("vnni-offset", "avx2-offset"):
+        return prep_xor80
+    return None

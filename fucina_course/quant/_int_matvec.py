@@ -1,0 +1,518 @@
+"""Integer kernels, one weight row x one activation vector (`matvec`), every x86 level.
+
+Why.  The float kernels (matvec.py) widen every quant to float32, ~3.5 vector
+instructions per 8 weights, and top out at 7-12 GB/s for the 4/5/6-bit formats, below
+what memory streams (~25 GB/s on 2 threads).  ggml multiplies the bytes themselves.
+With `vpdpbusd` (4 adjacent u8 x s8 products into each int32 lane), Q4_K decode went
+from 19 to 31 tok/s (AVX-512 VNNI, 2026-11-29, docs/BENCHMARKS.md#vnni-integer-kernels).
+
+One integer operation per level (_ir.py `dot4`): the two VNNI levels add 4 products per
+int32 lane with `vpdpbusd` (avx512vnni on zmm or ymm, avxvnni on ymm); avx2 does it in
+two steps, `vpmaddubsw` (2 u8 x s8 products into a *saturating* int16) then `vpmaddwd`
+by 1 -- ggml's AVX2 path.  One operand must be unsigned, and on avx2 no int16 pair may
+exceed 2^15 - 1, which decides how each format is fed:
+
+* Q4_K / Q5_K: the quants are unsigned nibbles (+16 for the 5th bit), at most 31.  VNNI:
+  a lane holds at most 4 * 31 * 127 < 2^15, so two dpbusd results are packed to int16
+  (vpackssdw, no saturation possible) and one vpdpwssd multiplies them by their 6-bit
+  sub-block scales.  avx2: vpmaddubsw, then vpmaddwd by the sub-block's scale directly.
+  Mins as in ggml: `m_sub * bsum_x[sub]` (vpmaddwd) times `dmin_w * d_x`, in a second
+  float accumulator.  Q4_K at avx512vnni runs on zmm with the activations permuted once
+  per call to its nibble order (`prep_interleave`); everything else on ymm.
+* Q6_K / Q4_0 / Q5_0: the quants are stored unsigned, u = q + off (off = 32, 8, 16).
+  Every lane starts from -off * (sum of its 4 activations), an int32 array made once
+  per call (`prep_lane_offsets`), so each lane ends as the exact integer sum of its 4
+  products q * x.  (Putting a whole block's offset into lane 0 gives the same total, but
+  an all-zero Q8_0 block then came out as 1e-5 instead of 0: tests/test_quant.py's
+  extreme-value test.)  avx2 Q6_K subtracts `vpmaddubsw(32, x)` from each int16 pair
+  instead, as ggml does (a pair then holds sum q x, at most 8128 in magnitude).
+* Q8_0: VNNI makes the quants unsigned with xor 0x80 (u = q + 128, offsets as above).
+  That is too large for vpmaddubsw (255 * 127 * 2 > 2^15), so avx2 uses ggml's sign
+  trick: |q| times x with q's sign (`abs_sign`; at most 128 * 127 * 2 = 32512).
+* Q4_1 / Q5_1: unsigned quants and no offset: lane = the dot product; `m_w * s_x` per
+  block into a second float accumulator.
+* Then per (super-)block `acc += d * float(lane)` lane-wise, d = f16(d_w) * d_x (ggml's
+  `_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)`), and one tree sum per row.
+  Integer sums are exact; only the order of float additions differs from llama.cpp (and
+  from one level to another: the lanes group the products differently).
+
+`ROW_BUILDERS` (end of file) says which builder each (format, level) uses; _int.py
+turns them into kernels.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+
+from . import isa
+from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
+                  dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
+                  load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat)
+from .formats import FORMATS
+
+ROWS = 16          # output rows per parallel chunk (_drive.py)
+PREFETCH = 2048    # bytes ahead in the weight stream (docs/BENCHMARKS.md#prefetch)
+
+# --- activation preparation, once per call (define_prep bodies) -----------------------
+
+
+def prep_interleave(b, x, n, s):
+    """s[128 g + ...] = x[128 g + (0:32, 64:96, 32:64, 96:128)]: the order of Q4_K's
+    low and high nibbles when 64 quant bytes (two 32-byte chunks) are unpacked at
+    once (zmm)."""
+    with for_range(b, i64(0), b.udiv(n, i64(128))) as g:
+        o = b.mul(g, i64(128))
+        for dst, src in ((0, 0), (32, 64), (64, 32), (96, 96)):
+            v = load(b, x, b.add(o, i64(src)), V(I8, 32))
+            p = b.gep(s, [b.add(o, i64(dst))])
+            b.store(v, b.bitcast(p, V(I8, 32).as_pointer()), align=1)
+
+
+def prep_lane_offsets(off):
+    """A prep body: s int32[n/4] = -off * (x[4k] + ... + x[4k+3]), the start value of
+    lane k when the weight quants are stored as u = q + off (the lane ends as sum q x).
+    """
+    def body(b, x, n, s):
+        with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
+            v = b.sext(load(b, x, b.mul(k, i64(32)), V(I8, 32)), V(I32, 32))
+            t = shuffle(b, v, v, range(0, 32, 4))
+            for j in (1, 2, 3):
+                t = b.add(t, shuffle(b, v, v, range(j, 32, 4)))
+            t = b.mul(t, const_vec(I32, 8, -off))
+            p = b.gep(s, [b.mul(k, i64(32))])
+            b.store(t, b.bitcast(p, V(I32, 8).as_pointer()), align=1)
+    return body
+
+
+def prep_xor80(b, x, n, s):
+    """s = x + 128 as bytes (x ^ 0x80): unsigned activations (_int_matmul's tiles)."""
+    with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
+        o = b.mul(k, i64(32))
+        v = b.xor(load(b, x, o, V(I8, 32)), const_vec(I8, 32, 0x80))
+        b.store(v, b.bitcast(b.gep(s, [o]), V(I8, 32).as_pointer()), align=1)
+
+
+# --- Q4_K / Q5_K ----------------------------------------------------------------------
+
+
+def _pairs(idx_list, zero_idx):
+    """Byte shuffle mask of int32 lanes (byte idx, 0, 0, 0): an s16 value, a 0 word."""
+    m = []
+    for i in idx_list:
+        m += [i, zero_idx, zero_idx, zero_idx]
+    return m
+
+
+def _pairs_w(idx_list, zero_idx):
+    """Byte shuffle mask of int16 words (byte idx, 0)."""
+    m = []
+    for i in idx_list:
+        m += [i, zero_idx]
+    return m
+
+
+def q4k_scales(b, raw16):
+    """<16 x i8> sc[0..7], m[0..7] from the first 16 bytes of a Q4_K/Q5_K block (d,
+    dmin, scales[12]): two byte shuffles, shifts and masks, measured faster than
+    ggml's scalar `utmp` arithmetic (docs/BENCHMARKS.md#vnni-integer-kernels)."""
+    z = ir.Constant(V(I8, 16), None)
+    a = shuffle(b, raw16, z, [4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15])
+    a = b.bitcast(a, V(I32, 4))
+    a = b.and_(b.lshr(a, const_vec(I32, 4, [0, 0, 0, 4])),
+               const_vec(I32, 4, [0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0x0F0F0F0F]))
+    h = shuffle(b, raw16, z, [16] * 4 + [4, 5, 6, 7] + [16] * 4 + [8, 9, 10, 11])
+    h = b.and_(b.lshr(b.bitcast(h, V(I32, 4)), const_vec(I32, 4, 2)),
+               const_vec(I32, 4, 0x30303030))
+    return b.bitcast(b.or_(a, h), V(I8, 16))
+
+
+def q4k_d_dmin(b, raw16):
+    """<2 x f32> (d, dmin) of a Q4_K/Q5_K block from its first 16 bytes."""
+    h = b.bitcast(raw16, V(F16, 8))
+    return b.fpext(shuffle(b, h, ir.Constant(V(F16, 8), None), [0, 1]), V(F32, 2))
+
+
+def q4k_min_words(b, sm):
+    """<16 x i16> (m_s, 0) pairs: the 8 sub-block mins, for vpmaddwd with bsum32."""
+    z16 = ir.Constant(V(I8, 16), None)
+    return b.bitcast(shuffle(b, sm, z16, _pairs(range(8, 16), 16)), V(I16, 16))
+
+
+def q5k_high_bits(b, p, width):
+    """Q5_K's qh[32], repeated per 256 bits, as <n x i64> (for `q4k_quants`)."""
+    qh = load(b, p, i64(FORMATS[T.Q5_K].qh_offset), V(I8, 32))
+    qhh = shuffle(b, qh, qh, list(range(32)) * (width // 256))
+    return b.bitcast(qhh, V(I64, width // 64))
+
+
+def _shift_to_bit4(b, v64, bits):
+    """<n x i64> v64 shifted per 256-bit part h: bit bits[h] of each byte to bit 4."""
+    n = v64.type.count
+    left = [max(0, 4 - bits[h // 4]) for h in range(n)]
+    right = [max(0, bits[h // 4] - 4) for h in range(n)]
+    if any(right):
+        v64 = b.lshr(v64, const_vec(I64, n, right))
+    if any(left):
+        v64 = b.shl(v64, const_vec(I64, n, left))
+    return v64
+
+
+def q4k_quants(b, p, j, width, qhh):
+    """Quant vector j of a Q4_K (qhh None) or Q5_K block: (lo, hi, sub_lo, sub_hi), the
+    low- and high-nibble values (+16 for Q5_K's 5th bits) and their sub-blocks per
+    32-byte half (zmm: 64 quant bytes = sub-blocks 4j, 4j+2 low, 4j+1, 4j+3 high)."""
+    nb = width // 8
+    fmt = FORMATS[T.Q4_K if qhh is None else T.Q5_K]
+    q = load(b, p, i64(fmt.qs_offset + nb * j), V(I8, nb))
+    m4 = const_vec(I8, nb, 0x0F)
+    lo = b.and_(q, m4)
+    hi = b.and_(b.lshr(q, const_vec(I8, nb, 4)), m4)
+    sub_lo = [4 * j, 4 * j + 2] if width == 512 else [2 * j]
+    sub_hi = [4 * j + 1, 4 * j + 3] if width == 512 else [2 * j + 1]
+    if qhh is not None:
+        m10 = const_vec(I8, nb, 0x10)
+        h_lo = b.bitcast(_shift_to_bit4(b, qhh, sub_lo), V(I8, nb))
+        lo = b.or_(lo, b.and_(h_lo, m10))
+        h_hi = b.bitcast(_shift_to_bit4(b, qhh, sub_hi), V(I8, nb))
+        hi = b.or_(hi, b.and_(h_hi, m10))
+    return lo, hi, sub_lo, sub_hi
+
+
+def q4k_scale_words(b, level, sm, width, sub_lo, sub_hi):
+    """The sub-block scales as int16 words, for `q4k_dot`.  VNNI: in the order of
+    packssdw(dot_lo, dot_hi), per 128-bit lane L 4 words of lo's sub-block then 4 of
+    hi's.  avx2: a pair (lo's scale in every word, hi's)."""
+    undef = ir.Constant(V(I8, 16), None)
+    if level == isa.AVX2:
+        return tuple(b.bitcast(shuffle(b, sm, undef, _pairs_w([s] * 16, 16)),
+                               V(I16, 16)) for s in (sub_lo[0], sub_hi[0]))
+    idx = []
+    for L in range(width // 128):
+        h = (L * 4) // 8          # which 32-byte half lane L came from
+        idx += [sub_lo[h]] * 4 + [sub_hi[h]] * 4
+    return shuffle(b, sm, undef, _pairs_w(idx, 16))
+
+
+def q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc):
+    """sumi + the scaled products of one quant vector pair (lo, hi) with (xlo, xhi)."""
+    if level == isa.AVX2:
+        plo = pmaddwd(b, pmaddubsw(b, lo, xlo), sc[0])
+        phi = pmaddwd(b, pmaddubsw(b, hi, xhi), sc[1])
+        return b.add(sumi, b.add(plo, phi))
+    zero = ir.Constant(V(I32, lo.type.count // 4), None)
+    dlo = dpbusd(b, zero, lo, xlo)
+    dhi = dpbusd(b, zero, hi, xhi)
+    return dpwssd(b, sumi, packssdw(b, dlo, dhi), sc)
+
+
+def q4k_x(b, x, xo, j, width):
+    """The activations matching quant vector j: (x_lo, x_hi).  zmm: x permuted per 128
+    as [0:32, 64:96, 32:64, 96:128] (`prep_interleave`); ymm: natural order."""
+    if width == 512:
+        return (load(b, x, b.add(xo, i64(128 * j)), V(I8, 64)),
+                load(b, x, b.add(xo, i64(128 * j + 64)), V(I8, 64)))
+    return (load(b, x, b.add(xo, i64(64 * j)), V(I8, 32)),
+            load(b, x, b.add(xo, i64(64 * j + 32)), V(I8, 32)))
+
+
+def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
+    """Q4_K (five: Q5_K) row . Q8_K activations, on zmm (width 512: x is the permuted
+    copy in s) or ymm (256)."""
+    bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
+    if width == 512:
+        x = s
+    nl = width // 32                       # int32 lanes
+    zero = ir.Constant(V(I32, nl), None)
+    acc_p = alloca(b, V(F32, nl), ir.Constant(V(F32, nl), None))
+    accm_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    with for_range(b, i64(0), nsb) as i:
+        p = block_at(b, w, i, bpb, pf, 3)
+        xs = load(b, xd, b.mul(i, i64(4)), F32)
+        qhh = q5k_high_bits(b, p, width) if five else None
+        raw16 = load(b, p, None, V(I8, 16))
+        dd = b.fmul(q4k_d_dmin(b, raw16), splat(b, xs, 2))
+        d = b.extract_element(dd, ir.Constant(I32, 0))
+        dmin = b.extract_element(dd, ir.Constant(I32, 1))
+        sm = q4k_scales(b, raw16)
+        # mins: sum_s m_s * bsum32_s, 8 lanes, accumulated as float with dmin
+        mw = q4k_min_words(b, sm)
+        bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
+        msum = pmaddwd(b, mw, bs)
+        accm = b.load(accm_p)
+        b.store(fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), accm), accm_p)
+        sumi = zero
+        xo = b.mul(i, i64(256))
+        for j in range(1024 // width):     # quant vectors per super-block
+            lo, hi, sub_lo, sub_hi = q4k_quants(b, p, j, width, qhh)
+            xlo, xhi = q4k_x(b, x, xo, j, width)
+            sc = q4k_scale_words(b, level, sm, width, sub_lo, sub_hi)
+            sumi = q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc)
+        acc = b.load(acc_p)
+        b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), acc), acc_p)
+    acc = b.load(acc_p)
+    if nl == 16:
+        acc = fold16(b, acc)
+    return hsum_f32(b, b.fsub(acc, b.load(accm_p)))
+
+
+# --- Q6_K -----------------------------------------------------------------------------
+
+def q6k_quants(b, p, n):
+    """The 4 ymm of unsigned quants u = q + 32 of 128-element half n of a Q6_K block
+    (elements 32k .. 32k+31 of the half in vector k)."""
+    fmt = FORMATS[T.Q6_K]
+    m4 = const_vec(I8, 32, 0x0F)
+    m30 = const_vec(I8, 32, 0x30)
+    c4 = const_vec(I8, 32, 4)
+    ql0 = load(b, p, i64(fmt.qs_offset + 64 * n), V(I8, 32))
+    ql1 = load(b, p, i64(fmt.qs_offset + 64 * n + 32), V(I8, 32))
+    qh = b.bitcast(load(b, p, i64(fmt.qh_offset + 32 * n), V(I8, 32)), V(I64, 4))
+    hs = [b.bitcast(v, V(I8, 32)) for v in
+          (b.shl(qh, const_vec(I64, 4, 4)), b.shl(qh, const_vec(I64, 4, 2)), qh,
+           b.lshr(qh, const_vec(I64, 4, 2)))]
+    lows = (b.and_(ql0, m4), b.and_(ql1, m4), b.and_(b.lshr(ql0, c4), m4),
+            b.and_(b.lshr(ql1, c4), m4))
+    return [b.or_(lo, b.and_(h, m30)) for lo, h in zip(lows, hs)]
+
+
+def q6k_scales(b, p):
+    """<16 x i16>: the 16 int8 sub-block scales of a Q6_K block, sign-extended."""
+    scales = load(b, p, i64(FORMATS[T.Q6_K].scales_offset), V(I8, 16))
+    return b.sext(scales, V(I16, 16))
+
+
+def q6k_scale_words(b, sc16, n, k):
+    """VNNI: scale words for packssdw(dot k, dot k+1) of half n: per 128-bit lane L, 4
+    words of vector k's 16-element group, then 4 of vector k+1's."""
+    groups = [[8 * n + 2 * kk + lane // 4 for lane in range(8)] for kk in range(4)]
+    idx = []
+    for L in range(2):
+        idx += [groups[k][4 * L]] * 4 + [groups[k + 1][4 * L]] * 4
+    return shuffle(b, sc16, ir.Constant(V(I16, 16), None), idx)
+
+
+def q6k_pair_scales(b, sc16, n, k):
+    """avx2: the scale of each int16 pair of vector k of half n (words 0-7: its first
+    16 elements, 8-15: the next 16)."""
+    g = 8 * n + 2 * k
+    return shuffle(b, sc16, ir.Constant(V(I16, 16), None), [g] * 8 + [g + 1] * 8)
+
+
+def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
+    """Q6_K row . Q8_K activations (ymm, natural order).  VNNI: xoff int32[n/4] =
+    -32 * (sum of the 4 activations of each lane) starts every dpbusd; avx2: int16
+    pairs of (q + 32) x minus pairs of 32 x (module docstring)."""
+    fmt = FORMATS[T.Q6_K]
+    nl = 8
+    zero = ir.Constant(V(I32, nl), None)
+    c32 = const_vec(I8, 32, 32)
+    acc_p = alloca(b, V(F32, nl), ir.Constant(V(F32, nl), None))
+    with for_range(b, i64(0), nsb) as i:
+        p = block_at(b, w, i, fmt.block_bytes, pf, 4)
+        dw = load_f16(b, p, i64(fmt.d_offset))
+        d = b.fmul(dw, load(b, xd, b.mul(i, i64(4)), F32))
+        sc16 = q6k_scales(b, p)
+        sumi = zero
+        xo = b.mul(i, i64(256))
+        for n in range(2):
+            us = q6k_quants(b, p, n)
+            xvs = [load(b, x, b.add(xo, i64(128 * n + 32 * k)), V(I8, 32))
+                   for k in range(4)]
+            if level == isa.AVX2:
+                for k in range(4):
+                    p16 = b.sub(pmaddubsw(b, us[k], xvs[k]), pmaddubsw(b, c32, xvs[k]))
+                    sumi = b.add(sumi, pmaddwd(b, p16, q6k_pair_scales(b, sc16, n, k)))
+                continue
+            # xoff has one int32 per 4 activations: its byte offset equals the element's
+            dots = []
+            for k in range(4):
+                init = load(b, xoff, b.add(xo, i64(128 * n + 32 * k)), V(I32, nl))
+                dots.append(dpbusd(b, init, us[k], xvs[k]))
+            for k in (0, 2):
+                scw = q6k_scale_words(b, sc16, n, k)
+                sumi = dpwssd(b, sumi, packssdw(b, dots[k], dots[k + 1]), scw)
+        acc = b.load(acc_p)
+        b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), acc), acc_p)
+    return hsum_f32(b, b.load(acc_p))
+
+
+# --- 32-element blocks: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 ----------------------------------
+
+def unsigned_offset(t) -> int:
+    """off in u = q + off >= 0, the unsigned form of a quant for vpdpbusd: Q8_0's int8
+    quants are made unsigned with xor 0x80 (+128); the others are stored that way (0
+    for Q4_1 / Q5_1, whose quants are unsigned values)."""
+    return 128 if t == T.Q8_0 else FORMATS[t].zero_point
+
+
+def blk32_quants(b, p, t, k):
+    """<32*k x i8> unsigned quants u = q + off of k consecutive blocks at i8* p (Q8_0:
+    the stored q ^ 0x80)."""
+    fmt = FORMATS[t]
+    bpb, qo = fmt.block_bytes, fmt.qs_offset
+    n = 32 * k
+    if t == T.Q8_0:
+        parts = [load(b, p, i64(bpb * j + qo), V(I8, 32)) for j in range(k)]
+        u = parts[0] if k == 1 else shuffle(b, parts[0], parts[1], range(64))
+        return b.xor(u, const_vec(I8, n, 0x80))
+    parts = [load(b, p, i64(bpb * j + qo), V(I8, 16)) for j in range(k)]
+    if k == 1:
+        q2 = shuffle(b, parts[0], parts[0], list(range(16)) * 2)
+    else:
+        mask = list(range(16)) * 2 + list(range(16, 32)) * 2
+        q2 = shuffle(b, parts[0], parts[1], mask)
+    q2 = b.bitcast(q2, V(I64, n // 8))
+    u = b.bitcast(b.lshr(q2, const_vec(I64, n // 8, [0, 0, 4, 4] * k)), V(I8, n))
+    u = b.and_(u, const_vec(I8, n, 0x0F))
+    if fmt.qh_offset is not None:               # Q5_0, Q5_1: the 5th bits
+        hs = [load(b, p, i64(bpb * j + fmt.qh_offset), I32) for j in range(k)]
+        if k == 1:
+            bits = b.bitcast(hs[0], V(ir.IntType(1), 32))
+        else:
+            h64 = b.or_(b.zext(hs[0], I64), b.shl(b.zext(hs[1], I64), i64(32)))
+            bits = b.bitcast(h64, V(ir.IntType(1), 64))
+        zero = ir.Constant(V(I8, n), None)
+        u = b.or_(u, b.select(bits, const_vec(I8, n, 0x10), zero))
+    return u
+
+
+def blk32_signed(b, t, u):
+    """q = u - off as signed bytes (Q8_0: u ^ 0x80, the stored bytes)."""
+    n = u.type.count
+    if t == T.Q8_0:
+        return b.xor(u, const_vec(I8, n, 0x80))
+    return b.sub(u, const_vec(I8, n, unsigned_offset(t)))
+
+
+def blk32_scales(b, p, t, k):
+    """(<k x f32> the blocks' d_w, <k x f32> their m_w: Q4_1 / Q5_1; else None)."""
+    fmt = FORMATS[t]
+    out = []
+    for off in (fmt.d_offset, fmt.m_offset):
+        if off is None:
+            out.append(None)
+            continue
+        dv = ir.Constant(V(I16, k), ir.Undefined)
+        for j in range(k):
+            dw = load(b, p, i64(fmt.block_bytes * j + off), I16)
+            dv = b.insert_element(dv, dw, ir.Constant(I32, j))
+        out.append(b.fpext(b.bitcast(dv, V(F16, k)), V(F32, k)))
+    return out
+
+
+def blk32_pair(b, w, index, bpb, pf):
+    """Pair `index` of blocks of a row: (i, p) with i = 2 * index its first block and p
+    an i8* to it, the pair's cache lines prefetched pf bytes ahead."""
+    i = b.mul(index, i64(2))
+    o = b.mul(i, i64(bpb))
+    prefetch(b, w, b.add(o, pf))
+    if 2 * bpb > 64:
+        prefetch(b, w, b.add(b.add(o, pf), i64(64)))
+    return i, b.gep(w, [o])
+
+
+def blk32_lanes(b, level, t, u, xv, init):
+    """The int32 lanes sum_j q_j x_j (4 products each) of one or two blocks: u the
+    unsigned quants, xv the activations, init the lane offsets (None without)."""
+    if level == isa.AVX2 and t == T.Q8_0:
+        return dot4(b, level, None, *abs_sign(b, blk32_signed(b, t, u), xv))
+    return dot4(b, level, init, u, xv)
+
+
+def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
+    """Row . Q8_0 / Q8_1 activations for t in Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1:
+    y = sum_b (d_w d_x)[b] * sum_j (u_j - off) x_j  (+ m_w s_x for Q4_1 / Q5_1).
+    VNNI lanes start from xoff (int32[n/4], -off * the sum of their 4 activations);
+    avx2 Q8_0 uses the sign trick instead.  avx512vnni: two blocks per zmm iteration,
+    an odd last block through ymm; the other levels: one block per ymm iteration."""
+    bpb = FORMATS[t].block_bytes
+    off = unsigned_offset(t)
+    with_min = FORMATS[t].m_offset is not None
+    offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
+    acc_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    accm_p = alloca(b, V(F32, 2), ir.Constant(V(F32, 2), None))    # block pairs
+    accm1_p = alloca(b, V(F32, 1), ir.Constant(V(F32, 1), None))   # single blocks
+    start = i64(0)
+    if level == isa.AVX512VNNI:
+        acc2_p = alloca(b, V(F32, 16), ir.Constant(V(F32, 16), None))
+        npair = b.sdiv(nb, i64(2))
+        with for_range(b, i64(0), npair) as index:
+            i, p = blk32_pair(b, w, index, bpb, pf)
+            dv, mv = blk32_scales(b, p, t, 2)
+            dv = b.fmul(dv, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
+            dv = shuffle(b, dv, dv, [0] * 8 + [1] * 8)
+            u = blk32_quants(b, p, t, 2)
+            init = (load(b, xoff, b.mul(i, i64(32)), V(I32, 16)) if offsets
+                    else None)
+            xv = load(b, x, b.mul(i, i64(32)), V(I8, 64))
+            dot = blk32_lanes(b, level, t, u, xv, init)
+            acc = b.load(acc2_p)
+            b.store(fma(b, dv, b.sitofp(dot, V(F32, 16)), acc), acc2_p)
+            if with_min:
+                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+                b.store(fma(b, mv, xm, b.load(accm_p)), accm_p)
+        b.store(fold16(b, b.load(acc2_p)), acc_p)
+        start = b.mul(npair, i64(2))
+    with for_range(b, start, nb) as i:
+        o = b.mul(i, i64(bpb))
+        prefetch(b, w, b.add(o, pf))
+        p = b.gep(w, [o])
+        dv, mv = blk32_scales(b, p, t, 1)
+        d = b.fmul(b.extract_element(dv, ir.Constant(I32, 0)),
+                   load(b, xd, b.mul(i, i64(4)), F32))
+        u = blk32_quants(b, p, t, 1)
+        init = load(b, xoff, b.mul(i, i64(32)), V(I32, 8)) if offsets else None
+        xv = load(b, x, b.mul(i, i64(32)), V(I8, 32))
+        dot = blk32_lanes(b, level, t, u, xv, init)
+        acc = b.load(acc_p)
+        b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), acc), acc_p)
+        if with_min:
+            xm = load(b, xs, b.mul(i, i64(4)), V(F32, 1))
+            b.store(fma(b, mv, xm, b.load(accm1_p)), accm1_p)
+    total = hsum_f32(b, b.load(acc_p))
+    if with_min:
+        mins = b.fadd(hsum_f32(b, b.load(accm_p)),
+                      b.extract_element(b.load(accm1_p), ir.Constant(I32, 0)))
+        total = b.fadd(total, mins)
+    return total
+
+
+# --- which builder each (format, level) uses ------------------------------------------
+# (format, level) -> (row builder, options, what the row reads from the prep scratch:
+# None, "interleave" or "offsets").  Q4_K on zmm at avx512vnni, Q5_K and Q6_K on ymm:
+# the faster form of each there (docs/BENCHMARKS.md#vnni-integer-kernels).
+
+def _row_spec(t, level):
+    if t in (T.Q4_K, T.Q5_K):
+        width = 512 if (t == T.Q4_K and level == isa.AVX512VNNI) else 256
+        return (q4k_row, dict(width=width, five=t == T.Q5_K),
+                "interleave" if width == 512 else None)
+    if t == T.Q6_K:
+        return q6k_row, {}, None if level == isa.AVX2 else "offsets"
+    off = unsigned_offset(t)
+    offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
+    return blk32_row, dict(t=t), "offsets" if offsets else None
+
+
+INT_FORMATS = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+INT_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
+ROW_BUILDERS = {(t, lv): _row_spec(t, lv) for t in INT_FORMATS for lv in INT_LEVELS}
+
+
+def row_function(t, level):
+    """row(b, w, x, xd, xs, s, nblk, pf) -> f32 for `define_matvec` (the builders read
+    their lane offsets or permuted activations, if any, from the scratch row s)."""
+    builder, opts, _ = ROW_BUILDERS[(t, level)]
+    return lambda b, w, x, xd, xs, s, n, pf: builder(b, w, x, xd, xs, s, n, pf, level,
+                                                     **opts)
+
+
+def prep_function(t, level):
+    """The define_prep body the row kernel needs, or None."""
+    prep = ROW_BUILDERS[(t, level)][2]
+    if prep == "interleave":
+        return prep_interleave
+    if prep == "offsets":
+        return prep_lane_offsets(unsigned_offset(t))
+    return None
