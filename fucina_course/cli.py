@@ -31,10 +31,27 @@ def _open(model: str):
 
 # --- info -------------------------------------------------------------------------
 
+def _kernel_lines(types=None) -> list[str]:
+    """`info --kernels`: the instruction-set level and each format's kernels."""
+    from .quant import isa, kernel_choices
+
+    out = [f"kernels: level {isa.level} (this CPU runs {', '.join(isa.USABLE)}; "
+           f"FUCINA_SIMD=<level> forces a lower one)",
+           f"  {'format':<6} {'level':<10}  {'matvec (decode)':<34} matmul (prefill)"]
+    for name, level, mv, mm in kernel_choices(types):
+        out.append(f"  {name:<6} {level:<10}  {mv:<34} {mm}")
+    return out
+
+
 def cmd_info(args) -> int:
     from .config import Config
     from .tokenizer import Tokenizer
 
+    if args.model is None:
+        if not args.kernels:
+            raise FucinaError("info needs a MODEL (or --kernels)")
+        print("\n".join(_kernel_lines()))
+        return 0
     g = _open(args.model)
     out = [f"file: {g.path} ({g.size / 2**20:,.1f} MiB)",
            f"name: {g.get_str('general.name', '?')}"]
@@ -76,6 +93,8 @@ def cmd_info(args) -> int:
                + q8_text)
     out.append(f"  at context {cfg.context_length:,}: "
                f"{f16 * cfg.context_length / 2**20:,.0f} MiB f16")
+    if args.kernels:
+        out += _kernel_lines({t.ggml_type for t in g.tensors.values()})
     print("\n".join(out))
     return 0
 
@@ -126,6 +145,75 @@ def _check_expert_top_p(args) -> None:
         raise FucinaError(f"--expert-top-p must be above 0, got {args.expert_top_p}")
 
 
+class _Bar:
+    """The first start's note on stderr, on a terminal only (never in a pipe or a log
+    that expects one error line): a message at once, then, once a second has passed,
+    a bar of the steps done, redrawn by a timer thread."""
+
+    def __init__(self, message: str, total: int):
+        import threading
+        import time
+
+        self.total, self.done, self.drawn = total, 0, False
+        self.clock = time.monotonic
+        self.t0 = self.clock()
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        if sys.stderr.isatty():
+            print(message, file=sys.stderr, flush=True)
+            threading.Thread(target=self._tick, daemon=True).start()
+
+    def step(self, label: str = "") -> None:
+        with self.lock:
+            self.done += 1
+
+    def _draw(self) -> None:
+        n, width = min(self.done, self.total), 30
+        fill = width * n // self.total
+        sys.stderr.write(f"\r  [{'#' * fill}{'.' * (width - fill)}] {n}/{self.total} "
+                         f"{self.clock() - self.t0:4.1f} s")
+        sys.stderr.flush()
+        self.drawn = True
+
+    def _tick(self) -> None:
+        while not self.stop.wait(0.1):
+            if self.clock() - self.t0 > 1.0:
+                with self.lock:
+                    self._draw()
+
+    def close(self) -> None:
+        self.stop.set()
+        with self.lock:
+            if self.drawn:
+                self._draw()
+                sys.stderr.write("\n")
+
+
+def _first_start(model) -> None:
+    """First run only (the model's kernels are not in the disk cache yet): compile
+    them before the first token, and say so on a terminal (quant.pending /
+    quant.prepare).  A 2-token prefill and one decode step compile the rest of the
+    engine.  Called once the command's own checks have passed."""
+    from . import quant
+
+    types = {t.ggml_type for t in model.gguf.tensors.values()}
+    todo = quant.pending(types)
+    if not todo:
+        return
+    quantized = [t for t in types if quant.FORMATS[t].block_size > 1]
+    bar = _Bar(f"compiling kernels for {', '.join(t.name for t in todo)} "
+               f"(first run only)\u2026", len(quantized) + 4)
+    try:
+        quant.prepare(types, step=bar.step)
+        cache = model.new_cache(4)
+        model.forward_step([0, 0], 0, cache)
+        bar.step("prefill")
+        model.forward_step([0], 2, cache)
+        bar.step("decode")
+    finally:
+        bar.close()
+
+
 def _prompt_ids(model, args) -> list[int]:
     if getattr(args, "ids", None):
         try:
@@ -150,6 +238,7 @@ def _cache_for(model, n_tokens: int, cache_type: str):
     if n_tokens > model.config.context_length:
         raise KvCacheOverflow(f"{n_tokens} tokens do not fit in the model's context of "
                               f"{model.config.context_length} positions")
+    _first_start(model)                  # the last check passed: compile, if needed
     return model.new_cache(n_tokens, cache_type)
 
 
@@ -267,6 +356,7 @@ def cmd_bench(args) -> int:
         raise FucinaError(f"--pp must be comma-separated integers, "
                           f"got {args.pp!r}") from None
     model = _load_model(args)
+    _first_start(model)
     quiet = args.json
 
     def progress(message):
@@ -346,6 +436,7 @@ def _conversation(args):
     if ctx > model.config.context_length:
         raise FucinaError(f"--ctx {ctx} exceeds the model's context of "
                           f"{model.config.context_length} positions")
+    _first_start(model)
     return Conversation(model, system=args.system, sampler=config, capacity=ctx,
                         cache_type=args.cache_type, max_response_tokens=args.max_tokens,
                         no_think=args.no_think, show_think=args.show_think,
@@ -463,7 +554,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="print a model's config, tokenizer, tensor "
                        "formats and KV-cache size")
-    _add_model(p)
+    p.add_argument("model", metavar="MODEL", nargs="?",
+                   help="GGUF path or named model (see `fucina models list`)")
+    p.add_argument("--kernels", action="store_true",
+                   help="also the kernels each format runs on this CPU (alone: "
+                        "every format)")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("tokenize", help="print the token ids of a file, one per line "

@@ -629,6 +629,69 @@ def test_compiled_kernels_are_cached_on_disk(tmp_path, monkeypatch):
     assert _jit.clear_cache() == [os.path.basename(path)]
 
 
+def _python(code: str, env: dict) -> str:
+    return subprocess.run([sys.executable, "-c", code], env=env, text=True,
+                          capture_output=True, check=True, timeout=600).stdout
+
+
+def test_pending_and_prepare_in_a_cold_cache(tmp_path):
+    # a fresh numba cache directory: every kernel is pending until `prepare`
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    code = """if True:
+        from gguf import GGMLQuantizationType as T
+        from fucina_course import quant
+        types = [T.Q4_0, T.F32, T.Q4_0]
+        print([t.name for t in quant.pending(types)])
+        steps = []
+        quant.prepare(types, step=steps.append)
+        print(sorted(steps), [t.name for t in quant.pending(types)])
+    """
+    out = _python(code, env).splitlines()
+    assert out == ["['Q4_0']", "['Q4_0', 'activations', 'driver'] []"]
+    assert _python(code, env).splitlines()[0] == "[]"      # the next process: cached
+
+
+def test_info_kernels_prints_the_table():
+    env = {**os.environ, "FUCINA_SIMD": isa.USABLE[0]}
+    out = subprocess.run([sys.executable, "-m", "fucina_course", "info", "--kernels"],
+                         env=env, text=True, capture_output=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines[0].startswith(f"kernels: level {isa.USABLE[0]} (this CPU runs")
+    rows = {line.split()[0]: line.split()[1] for line in lines[2:]}
+    assert set(rows) == {t.name for t in ALL}
+    for t in INT_TYPES:
+        assert rows[t.name] == isa.USABLE[0]
+    assert rows["F16"] == isa.GENERIC
+
+
+def test_first_start_says_so_on_a_terminal(tmp_path):
+    # the first run on a cold cache compiles before the first token and says so on
+    # stderr (a terminal: a pty here); the second says nothing
+    pty = pytest.importorskip("pty")
+    from fucina_course.synth import TINY_QWEN3, with_format, write_synthetic
+
+    model = write_synthetic(with_format(TINY_QWEN3, "Q4_K"), tmp_path / "m.gguf")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "fucina_course", "generate", str(model), "--ids",
+            "1,2,3", "--gen", "2"]
+    for first in (True, False):
+        pid, fd = pty.fork()
+        if pid == 0:
+            os.execvpe(argv[0], argv, env)
+        out = b""
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0, out
+        said = b"compiling kernels for Q4_K" in out and b"(first run only)" in out
+        assert said == first, out[-500:]
+
+
 def _extreme_weights(t, n_out: int, n_in: int, fill: int, seed: int) -> np.ndarray:
     """Blocks whose quant bytes (and 6-bit / int8 scales) are all `fill`, with finite
     f16 scales."""

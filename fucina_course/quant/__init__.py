@@ -21,6 +21,8 @@ the fly.  What lives where (data flows top to bottom):
   _int.py -- one format's kernels at one level, compiled on first use, and the two
   numba drivers that run them in parallel; _jit.py -- LLVM compiles them for exactly
   the level's features and caches the machine code on disk.
+* first_start.py -- `pending` / `prepare`: which kernels a model's formats still need
+  compiled, and compiling them before the first token (the CLI says so).
 * _intrinsics.py -- f16 <-> f32 and prefetch for numba code; _cache.py -- the disk
   caches stamped with the whole package (a kernel inlines IR from several files).
 * reference.py -- ggml's dot products in slow numpy: the kernels' test oracle.
@@ -40,15 +42,17 @@ choices they led to: docs/BENCHMARKS.md#kernel-variants-quant.
 from . import _cache  # noqa: F401  (before any cached kernel is defined)
 from .activations import QuantizedActivations, fake_quant, quantize_activations
 from .dequant import dequantize, dequantize_rows
+from .first_start import pending, prepare
 from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
                       block_geometry, check_supported, row_bytes)
 from .matrix import MultiMatrix, QuantMatrix
 from .matvec import matvec, matvec_quantized
-from .matmul import PREFILL_MIN_ROWS, matmul
+from .matmul import PREFILL_MIN_ROWS, kernel_choices, matmul
 
 __all__ = [
     "FORMATS", "BlockFormat", "SUPPORTED_TYPES", "VEC_DOT_TYPE", "QK_K",
     "check_supported", "block_geometry", "row_bytes", "dequantize", "dequantize_rows",
     "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "matmul",
     "PREFILL_MIN_ROWS", "quantize_activations", "QuantizedActivations", "fake_quant",
+    "pending", "prepare", "kernel_choices",
 ]

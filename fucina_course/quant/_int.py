@@ -16,6 +16,8 @@ instead of three.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, prange, types
@@ -28,14 +30,6 @@ from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
                           row_function)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
 from .formats import FORMATS
-
-# what `fucina info --kernels` says about each builder
-_DESCRIBE = {
-    "q4k_row": "{w} vpmaddubsw/vpdpbusd + sub-block scales",
-    "q6k_row": "ymm, 6-bit quants + 32, lane offsets",
-    "blk32_row": "{w} byte dot products per block",
-}
-
 
 class IntKernels:
     """The matvec and matmul kernels of one format at one integer level."""
@@ -81,10 +75,20 @@ class IntKernels:
         return self.fns
 
     def describe(self) -> str:
-        builder, opts, _ = ROW_BUILDERS[(self.ggml_type, self.level)]
-        w = "zmm" if opts.get("width") == 512 or (
-            builder.__name__ == "blk32_row" and self.level == "avx512vnni") else "ymm"
-        return _DESCRIBE[builder.__name__].format(w=w)
+        """What the kernels do, in a few words (`fucina info --kernels`)."""
+        t, lv = self.ggml_type, self.level
+        builder, opts, prep = ROW_BUILDERS[(t, lv)]
+        wide = opts.get("width") == 512 or (builder.__name__ == "blk32_row"
+                                            and lv == "avx512vnni")
+        kquant = builder.__name__ != "blk32_row"
+        if lv == "avx2":
+            ops = "vpmaddubsw + vpmaddwd"
+            if t.name == "Q8_0":
+                ops += " (sign trick)"
+        else:
+            ops = ("{vex} " if lv == "avxvnni" else "") + "vpdpbusd"
+            ops += " + vpdpwssd" if kquant else ""
+        return f"{'zmm' if wide else 'ymm'} {ops}"
 
 
 def _no_prep(b, x, n, s):
@@ -212,3 +216,23 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy):
         else:
             _call_matmul(fns[3], parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd, xs,
                          s, y, ldy)
+
+
+# --- the first start ------------------------------------------------------------------
+
+def numba_cached(dispatcher) -> bool:
+    """True if numba's disk cache holds an index for `dispatcher` (assumed True where
+    numba's internals differ from 0.68's)."""
+    try:
+        return os.path.exists(dispatcher._cache._cache_file._index_path)
+    except AttributeError:
+        return True
+
+
+def compile_driver() -> None:
+    """Compile (or load from numba's cache) `run` for the one signature it has."""
+    a2 = types.Array
+    run.compile((a2(types.int64, 1, "C"), a2(types.int64, 2, "C"), types.int64,
+                 a2(types.int8, 2, "C"), a2(types.float32, 2, "C"),
+                 a2(types.uint8, 2, "C"), types.int64, a2(types.float32, 1, "C"),
+                 types.int64))

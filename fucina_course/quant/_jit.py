@@ -28,6 +28,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 
 import llvmlite
 import llvmlite.binding as ll
@@ -38,9 +39,11 @@ from . import _cache, isa
 _lock = threading.RLock()
 _engine = None
 _loaded: dict[tuple[str, str], dict[str, int]] = {}
+compile_seconds = 0.0          # thread CPU time spent compiling, this process
 
 
-def _init_llvm():
+def init():
+    """Initialize LLVM and make the JIT engine (once; before any thread compiles)."""
     global _engine
     if _engine is None:
         ll.initialize_native_target()
@@ -52,7 +55,7 @@ def _init_llvm():
 
 def target_machine(level: str):
     """An LLVM target machine for `level`'s features only (isa.target)."""
-    _init_llvm()
+    init()
     cpu, features, _ = isa.target(level)
     # static relocations and the JIT's (large) code model, as numba's own JIT uses on
     # x86: MCJIT places each section anywhere in memory
@@ -100,7 +103,8 @@ def _optimized(mod: ir.Module, level: str):
     tm = target_machine(level)
     tune = isa.target(level)[2]
     text = str(mod).replace(") nounwind\n{", f') nounwind "tune-cpu"="{tune}"\n{{')
-    llmod = ll.parse_assembly(text)
+    # a context of its own: numba may be compiling in another thread (first_start.py)
+    llmod = ll.parse_assembly(text, context=ll.create_context())
     llmod.triple = tm.triple
     llmod.data_layout = str(tm.target_data)
     llmod.verify()
@@ -149,15 +153,18 @@ def load(name: str, level: str, build, symbols) -> dict[str, int]:
         got = _loaded.get(key)
         if got is not None:
             return got
-        engine = _init_llvm()
+        engine = init()
         path = object_path(name, level)
         try:
             with open(path, "rb") as f:
                 obj = f.read()
         except OSError:
+            global compile_seconds
+            t0 = time.thread_time()
             mod = new_module(f"{name}.{level}")
             build(mod)
             obj = compile_module(mod, level)
+            compile_seconds += time.thread_time() - t0
             _store(path, obj)
         engine.add_object_file(ll.ObjectFileRef.from_data(obj))
         engine.finalize_object()

@@ -56,43 +56,59 @@ def _round_f16(v):
     return f16_to_f32(f32_to_f16_bits(v))
 
 
+@njit(inline="always")
+def _block_amax(xb, t, o):
+    """The largest |x| of 32 values from row t, offset o, as an integer max over the
+    bits with the sign bit cleared (monotonic for non-NaN floats; vectorizes)."""
+    abits = np.uint32(0)
+    for j in range(32):
+        abits = max(abits, xb[t, o + j] & np.uint32(0x7FFFFFFF))
+    return u32_as_f32(abits)
+
+
 @njit(cache=True)
-def _quant_q8_0_rows(x, qi, d16, s16, with_sum, reference):
-    """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32];
-    s16 f32[m, n/32] if with_sum."""
+def _quant_q8_0_rows(x, qi, d16, s16, with_sum):
+    """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32]; s16 f32[m, n/32]
+    if with_sum.  ggml's x86 AVX path: id = 127/amax, round half to even."""
     m, n = x.shape
-    nb = n // 32
     xb = x.view(np.uint32)
     for t in range(m):
-        for b in range(nb):
-            # largest |x| as an integer max over the bits (vectorizes; see Q8_K)
-            abits = np.uint32(0)
-            for j in range(32):
-                abits = max(abits, xb[t, b * 32 + j] & np.uint32(0x7FFFFFFF))
-            amax = u32_as_f32(abits)
+        for b in range(n // 32):
+            amax = _block_amax(xb, t, b * 32)
             d = amax / _F127
-            # ggml quantize_row_q8_0_ref / gguf-py: id = 1/d, round half away from 0
-            if reference:
-                idd = _F1 / d if d != _F0 else _F0
-            else:  # ggml x86 AVX path: id = 127/amax, round half to even
-                idd = _F127 / amax if amax != _F0 else _F0
+            idd = _F127 / amax if amax != _F0 else _F0
             total = np.int32(0)
-            if reference:
-                for j in range(32):
-                    v = x[t, b * 32 + j] * idd
-                    # roundf: half away from zero (floor(2*frac) is exact, unlike +0.5)
-                    a = abs(v)
-                    r = np.floor(a)
-                    r = r + np.floor(np.float32(2.0) * (a - r))
-                    if v < _F0:
-                        r = -r
-                    qi[t, b * 32 + j] = np.int8(r)
-                    total += np.int32(r)
-            else:
-                for j in range(32):
-                    r = np.rint(x[t, b * 32 + j] * idd)
-                    qi[t, b * 32 + j] = np.int8(r)
-                    total += np.int32(r)
+            for j in range(32):
+                r = np.rint(x[t, b * 32 + j] * idd)
+                qi[t, b * 32 + j] = np.int8(r)
+                total += np.int32(r)
+            d16[t, b] = _round_f16(d)
+            if with_sum:
+                s16[t, b] = _round_f16(d * np.float32(total))
+
+
+@njit(cache=True)
+def _quant_q8_0_rows_reference(x, qi, d16, s16, with_sum):
+    """_quant_q8_0_rows with ggml's portable rules (quantize_row_q8_0_ref, gguf-py):
+    id = 1/d, round half away from zero."""
+    m, n = x.shape
+    xb = x.view(np.uint32)
+    for t in range(m):
+        for b in range(n // 32):
+            amax = _block_amax(xb, t, b * 32)
+            d = amax / _F127
+            idd = _F1 / d if d != _F0 else _F0
+            total = np.int32(0)
+            for j in range(32):
+                v = x[t, b * 32 + j] * idd
+                # roundf: half away from zero (floor(2*frac) is exact, unlike +0.5)
+                a = abs(v)
+                r = np.floor(a)
+                r = r + np.floor(np.float32(2.0) * (a - r))
+                if v < _F0:
+                    r = -r
+                qi[t, b * 32 + j] = np.int8(r)
+                total += np.int32(r)
             d16[t, b] = _round_f16(d)
             if with_sum:
                 s16[t, b] = _round_f16(d * np.float32(total))
@@ -233,7 +249,8 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *,
         qi = np.empty((m, n), np.int8)
         d = np.empty((m, n // 32), np.float32)
         s = np.empty((m, n // 32) if q1 else (0, 0), np.float32)
-        _quant_q8_0_rows(x2, qi, d, s, q1, reference)
+        quant = _quant_q8_0_rows_reference if reference else _quant_q8_0_rows
+        quant(x2, qi, d, s, q1)
         return QuantizedActivations(kind, None, d, s if q1 else None, None, qi)
     if kind == T.F32:
         return QuantizedActivations(kind, x2)

@@ -49,12 +49,13 @@ from numba import njit
 from . import isa
 from ._int import IntKernels, run
 from ._intrinsics import f16_to_f32
+from ._ir import TILE as _TILE_ROWS
 from .activations import quantize_activations
 from .dequant import dequantize_into
 from .formats import FORMATS
 from .matrix import MultiMatrix
 from .matvec import KERNELS as _MV_KERNELS
-from .matvec import matvec_quantized
+from .matvec import kernel_for, matvec_quantized
 
 
 def openblas_workers_spin(env=os.environ) -> bool:
@@ -228,3 +229,20 @@ def matmul(w, X: np.ndarray, out: np.ndarray | None = None, *, path: str = "auto
     for i in range(m):
         matvec_quantized(w, qa, out[i], row=i)
     return out
+
+
+def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]]:
+    """[(format, level used, matvec kernel, matmul paths)] for `types` (default: every
+    format) at `level` (default: isa.level): what `fucina info --kernels` prints."""
+    rows = []
+    types = sorted(FORMATS if types is None else {T(int(t)) for t in types}, key=int)
+    for t in types:
+        lv, k = kernel_for(t, level)
+        if isinstance(k, IntKernels):
+            mv = k.describe()
+            mm = f"{_TILE_ROWS}-row tiles < {ROWS_BLAS_MIN_ROWS[t]} rows, BLAS above"
+        else:
+            mv = "float32 lanes (numba)"
+            mm = f"matvec per row < {PREFILL_MIN_ROWS} rows, BLAS above"
+        rows.append((t.name, lv, mv, mm))
+    return rows
