@@ -26,7 +26,7 @@ from fucina_course.synth import TINY_QWEN3_MOE, with_format, write_synthetic
 from model_cases import (MOE_FORMATS, TINY_IDS, argmax_disagreements, llama_all_logits,
                          llama_greedy, tiny_moe_model, tolerance)
 from test_model import GOLDEN, check_against_topk, load, synth_dir  # noqa: F401
-from test_verify_cache import assert_bit_identical
+from test_verify_cache import LOWER_LEVELS, assert_bit_identical
 
 K = TINY_QWEN3_MOE.num_experts_used
 
@@ -335,6 +335,23 @@ def test_cached_equals_uncached_bit_for_bit(fmt, cache_type, synth_dir):  # noqa
     for n in (1, 8, 9, 64):
         ids = rng.integers(0, 4093, size=n).tolist()
         assert_bit_identical(verify_cache(model, ids, 4, cache_type, fast=False))
+
+
+@pytest.mark.parametrize("level", sorted(LOWER_LEVELS))
+@pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K"])
+def test_cached_equals_uncached_on_a_lower_level(fmt, level, synth_dir):  # noqa: F811
+    """`fucina verify-cache` on a MoE file with the kernels of a CPU without AVX-512
+    VNNI (forced in a subprocess): still bit for bit."""
+    import os
+
+    path = tiny_moe_model(fmt, synth_dir)
+    run = subprocess.run([sys.executable, "-m", "fucina_course", "verify-cache",
+                          str(path), "--ids", ",".join(map(str, ids_for(3, 12))),
+                          "--steps", "3", "--no-fast"],
+                         env={**os.environ, **LOWER_LEVELS[level]},
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "like for like: worst 0," in run.stdout
 
 
 @pytest.mark.parametrize("fmt", ["Q8_0", "Q4_K", "F32"])
