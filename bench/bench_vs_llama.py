@@ -1,26 +1,33 @@
-"""fucina vs llama.cpp on the same GGUF, same thread count, one after the other (never at once).
+"""fucina vs llama.cpp: the same GGUF, the same threads, one after the other.
 
-    python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256] [--tg 128]
-                                  [--repeats 3] [--markdown]
+    python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256]
+        [--tg 128] [--repeats 3] [--levels avx512vnni,avx2,generic]
+        [--llama-path DIR] [--llama-avx2 DIR] [--markdown]
 
-MODEL is a path, a named model (see `fucina models list`), or a synthetic spec
-`synth:GEOMETRY:FORMAT` (written into the cache dir on first use), GEOMETRY one of:
-  qwen3-0.6b                  the dense Qwen3-0.6B geometry
-  qwen3-moe-1gb               Qwen3-30B-A3B's routing (128 experts, 8 per token) at
-                              hidden 1024, 4 layers, ~1 GB in Q8_0
-  qwen3-moe-1gb-dense-active  the same with a dense FFN of 8 experts' width: the MoE's
-                              parameters per token, run densely
-  qwen3-moe-1gb-dense-total   ... of all 128 experts' width: the MoE's total parameters
-The last three are the "parameters you do not pay for" comparison:
+MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
+`synth:qwen3-0.6b:Q8_0` / `synth:qwen3-0.6b:Q4_K` (written into the cache dir on first
+use).
 
-    python bench/bench_vs_llama.py synth:qwen3-moe-1gb:Q8_0 \
-        synth:qwen3-moe-1gb-dense-active:Q8_0 synth:qwen3-moe-1gb-dense-total:Q8_0
+Kernel levels (fucina_course/quant/isa.py): `--levels` runs fucina once per level
+(FUCINA_SIMD=<level>; default: the best this CPU runs).  Each level is compared with
+the llama.cpp build of the same instruction set: `--llama-avx2 DIR` is a
+llama-cpp-python built with AVX-512 off (scripts/build_llama_cpp_avx2.sh), used for the
+levels below avx512vnni; otherwise (and for avx512vnni) the environment's llama_cpp,
+or `--llama-path DIR`.  The build's own `llama_print_system_info` is reported.  The
+issue-10 table (docs/BENCHMARKS.md, kernel levels), on a quiet machine:
 
-Protocol (identical for both engines; see fucina_course/bench.py): warm-up, then for each ppN a
-fresh context and one N-token evaluation, and tgN single-token evaluations from position 0; median
-of `--repeats`.  llama.cpp runs through llama-cpp-python (`Llama.eval`), f16 KV cache, n_batch 512,
-the same thread count; its per-call Python overhead is ~0.1 ms, under 1% of a decode step here.
-Each engine runs in its own subprocess, sequentially, so neither disturbs the other's timing.
+    scripts/build_llama_cpp_avx2.sh /work/llama-avx2      # once, ~15 min
+    python bench/bench_vs_llama.py synth:qwen3-0.6b:Q8_0 synth:qwen3-0.6b:Q4_K \\
+        qwen2.5-coder-0.5b smollm2-135m --threads 2 --pp 64,256 --tg 64 \\
+        --repeats 3 --levels avx512vnni,avx2,generic --llama-avx2 /work/llama-avx2 \\
+        --markdown
+
+Protocol (identical for both engines; see fucina_course/bench.py): warm-up, then for
+each ppN a fresh context and one N-token evaluation, and tgN single-token evaluations
+from position 0; median of `--repeats`.  llama.cpp runs through llama-cpp-python
+(`Llama.eval`), f16 KV cache, n_batch 512, the same thread count; its per-call Python
+overhead is ~0.1 ms, under 1% of a decode step here.  Each engine runs in its own
+subprocess, sequentially, so neither disturbs the other's timing.
 """
 
 from __future__ import annotations
@@ -35,21 +42,17 @@ import subprocess
 import sys
 import time
 
+LEVELS = ("avx512vnni", "avxvnni", "avx2", "generic")
+
 
 def resolve(model: str) -> str:
     if model.startswith("synth:"):
-        from fucina_course.synth import (QWEN3_0_6B, QWEN3_MOE_1GB, cached_synthetic,
-                                         dense_twin, with_format)
+        from fucina_course.synth import QWEN3_0_6B, cached_synthetic, with_format
 
-        moe = QWEN3_MOE_1GB
-        geometries = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-1gb": moe,
-                      "qwen3-moe-1gb-dense-active": dense_twin(moe, moe.num_experts_used),
-                      "qwen3-moe-1gb-dense-total": dense_twin(moe, moe.num_experts)}
         _, geometry, fmt = model.split(":")
-        if geometry not in geometries:
-            raise SystemExit(f"unknown synthetic geometry {geometry!r} "
-                             f"(known: {', '.join(geometries)})")
-        return str(cached_synthetic(with_format(geometries[geometry], fmt)))
+        if geometry != "qwen3-0.6b":
+            raise SystemExit(f"unknown synthetic geometry {geometry!r}")
+        return str(cached_synthetic(with_format(QWEN3_0_6B, fmt)))
     from fucina_course.catalog import resolve as resolve_model
 
     return str(resolve_model(model))
@@ -57,12 +60,12 @@ def resolve(model: str) -> str:
 
 def llama_bench(path: str, threads: int, pp: list[int], tg: int, repeats: int) -> dict:
     """Runs inside a subprocess (see main): llama.cpp's numbers under our protocol."""
-    import numpy as np
     import llama_cpp
+    import numpy as np
 
     n_ctx = max(pp + [tg]) + 16
-    llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_threads=threads,
-                          n_threads_batch=threads, verbose=False)
+    llm = llama_cpp.Llama(path, n_ctx=n_ctx, n_batch=512, n_ubatch=512,
+                          n_threads=threads, n_threads_batch=threads, verbose=False)
     vocab = min(llm.n_vocab(), 100_000)
 
     def ids(n, seed):
@@ -73,7 +76,8 @@ def llama_bench(path: str, threads: int, pp: list[int], tg: int, repeats: int) -
         out = []
         for _ in range(repeats):
             llm.reset()
-            llm._ctx.kv_cache_clear() if hasattr(llm._ctx, "kv_cache_clear") else None
+            if hasattr(llm._ctx, "kv_cache_clear"):
+                llm._ctx.kv_cache_clear()
             t = time.perf_counter()
             llm.eval(toks)
             out.append(time.perf_counter() - t)
@@ -94,7 +98,12 @@ def llama_bench(path: str, threads: int, pp: list[int], tg: int, repeats: int) -
     llm.reset()
     for tok in ids(4, 1):
         llm.eval([tok])
-    result = {"model": path, "threads": threads, "prefill": []}
+    info = llama_cpp.llama_print_system_info().decode(errors="replace")
+    on = {f.split("=")[0].strip() for f in info.split("|") if f.strip().endswith("= 1")}
+    best = [f for f in ("AVX512_VNNI", "AVX512", "AVX_VNNI", "AVX2", "AVX") if f in on]
+    result = {"model": path, "threads": threads, "prefill": [],
+              "build": os.path.dirname(os.path.dirname(llama_cpp.__file__)),
+              "isa": best[0] if best else "no AVX"}
     for n in pp:
         result["prefill"].append({"tokens": n, "tok_s": n / timed_prefill(n)})
     if tg:
@@ -102,12 +111,24 @@ def llama_bench(path: str, threads: int, pp: list[int], tg: int, repeats: int) -
     return result
 
 
-def run_sub(args: list[str], threads: int) -> dict:
-    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
-    out = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env)
+def run_sub(args: list[str], threads: int, env_extra: dict | None = None) -> dict:
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads), **(env_extra or {}))
+    out = subprocess.run([sys.executable, *args], capture_output=True, text=True,
+                         env=env)
     if out.returncode != 0:
-        raise SystemExit(f"benchmark subprocess failed: {' '.join(args)}\n{out.stderr[-2000:]}")
+        raise SystemExit(f"benchmark subprocess failed: {' '.join(args)}\n"
+                         f"{out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def llama_env(build: str | None) -> dict:
+    """The environment that makes `import llama_cpp` load `build` (None: the
+    environment's own)."""
+    if not build:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(
+        [os.path.abspath(build), os.environ.get("PYTHONPATH", "")])}
 
 
 def main() -> None:
@@ -117,41 +138,76 @@ def main() -> None:
     ap.add_argument("--pp", default="16,64,256")
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--markdown", action="store_true", help="print a docs/BENCHMARKS.md table")
+    ap.add_argument("--levels", default="",
+                    help="fucina kernel levels, comma-separated (FUCINA_SIMD; "
+                         "default: the best this CPU runs)")
+    ap.add_argument("--llama-path", default=None,
+                    help="directory holding the llama_cpp package to compare with")
+    ap.add_argument("--llama-avx2", default=None,
+                    help="llama_cpp built with AVX-512 off, for the levels below "
+                         "avx512vnni")
+    ap.add_argument("--markdown", action="store_true",
+                    help="print a docs/BENCHMARKS.md table")
     ap.add_argument("--llama-worker", nargs=5, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.llama_worker:
         path, threads, pp, tg, repeats = args.llama_worker
-        print(json.dumps(llama_bench(path, int(threads), [int(x) for x in pp.split(",") if x], int(tg), int(repeats))))
+        print(json.dumps(llama_bench(path, int(threads),
+                                     [int(x) for x in pp.split(",") if x],
+                                     int(tg), int(repeats))))
         return
 
-    rows = []
+    levels = [lv.strip() for lv in args.levels.split(",") if lv.strip()] or [""]
+    bad = [lv for lv in levels if lv and lv not in LEVELS]
+    if bad:
+        raise SystemExit(f"unknown level(s) {bad}: expected some of {LEVELS}")
+    rows, builds = [], {}
     for model in args.models:
         path = resolve(model)
         print(f"== {model}: {path}", file=sys.stderr)
-        ours = run_sub(["-m", "fucina_course", "bench", path, "--threads", str(args.threads), "--pp", args.pp,
-                        "--tg", str(args.tg), "--repeats", str(args.repeats), "--json"], args.threads)
-        theirs = run_sub([__file__, "x", "--llama-worker", path, str(args.threads), args.pp, str(args.tg),
-                          str(args.repeats)], args.threads)
-        for a, b in zip(ours["prefill"], theirs["prefill"]):
-            rows.append((model, f"pp{a['tokens']}", a["tok_s"], b["tok_s"]))
-        if "decode" in ours:
-            rows.append((model, f"tg{ours['decode']['tokens']}", ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
-        for r in rows[-(len(ours["prefill"]) + ("decode" in ours)):]:
-            print(f"  {r[1]:>6}: fucina {r[2]:9.1f} tok/s   llama.cpp {r[3]:9.1f} tok/s   ratio {r[2] / r[3]:.2f}",
-                  file=sys.stderr)
+        theirs_by_build: dict = {}
+        for level in levels:
+            build = args.llama_path
+            if level and level != "avx512vnni" and args.llama_avx2:
+                build = args.llama_avx2
+            ours = run_sub(["-m", "fucina_course", "bench", path, "--threads",
+                            str(args.threads), "--pp", args.pp, "--tg", str(args.tg),
+                            "--repeats", str(args.repeats), "--json"], args.threads,
+                           {"FUCINA_SIMD": level} if level else {})
+            if build not in theirs_by_build:
+                theirs_by_build[build] = run_sub(
+                    [__file__, "x", "--llama-worker", path, str(args.threads), args.pp,
+                     str(args.tg), str(args.repeats)], args.threads, llama_env(build))
+            theirs = theirs_by_build[build]
+            builds[theirs["build"]] = theirs["isa"]
+            label = level or "default"
+            pairs = [(f"pp{a['tokens']}", a["tok_s"], b["tok_s"])
+                     for a, b in zip(ours["prefill"], theirs["prefill"])]
+            if "decode" in ours:
+                pairs.append((f"tg{ours['decode']['tokens']}",
+                              ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
+            for test, a, b in pairs:
+                rows.append((model, label, theirs["isa"], test, a, b))
+                print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
+                      f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}",
+                      file=sys.stderr)
     if args.markdown:
         cpu = "?"
         try:
-            cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+            cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                       if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
-        print(f"\n{datetime.date.today()} — {cpu}, {os.cpu_count()} cores, threads={args.threads}, "
-              f"Python {platform.python_version()}, median of {args.repeats}\n")
-        print("| model | test | fucina tok/s | llama.cpp tok/s | ratio |")
-        print("|---|---|---:|---:|---:|")
-        for model, test, a, b in rows:
-            print(f"| {model} | {test} | {a:.1f} | {b:.1f} | {a / b:.2f} |")
+        print(f"\n{datetime.date.today()} — {cpu}, {os.cpu_count()} cores, "
+              f"threads={args.threads}, Python {platform.python_version()}, median of "
+              f"{args.repeats}; llama.cpp builds: "
+              + "; ".join(f"{b} ({isa})" for b, isa in builds.items()) + "\n")
+        print("| model | fucina level | llama.cpp ISA | test | fucina tok/s | "
+              "llama.cpp tok/s | ratio |")
+        print("|---|---|---|---|---:|---:|---:|")
+        for model, level, isa, test, a, b in rows:
+            print(f"| {model} | {level} | {isa} | {test} | {a:.1f} | {b:.1f} | "
+                  f"{a / b:.2f} |")
 
 
 if __name__ == "__main__":

@@ -46,15 +46,17 @@ from .formats import FORMATS
 
 def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
     """q4k_row for a tile: the quants, scales and mins of each super-block are unpacked
-    once, then each row does its integer dot products and its two float accumulations
-    as q4k_row does.  The rows' 8-lane mins accumulators live in memory (volatile): all
-    in registers, LLVM spilled constants in the loop and Q4_K streamed 15.4 -> 13.3 GB/s
-    at m = 2 (docs/BENCHMARKS.md#multi-row-kernels)."""
+    once, then each row does its integer dot products (lanes as in q4k_row) and its
+    two float accumulations exactly as q4k_row does.  The rows' 8-lane mins
+    accumulators live in memory (volatile): all in registers, LLVM spilled constants
+    in the loop and Q4_K streamed 15.4 -> 13.3 GB/s at m = 2
+    (docs/BENCHMARKS.md#multi-row-kernels)."""
     bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
     nl = width // 32
     zero = ir.Constant(V(I32, nl), None)
     acc = rows.acc(b, V(F32, nl))
     accm = rows.acc(b, V(F32, 8), memory=True)
+    sums = rows.acc(b, V(I32, nl))
 
     def init(r, k):
         b.store(ir.Constant(V(F32, nl), None), acc(b, k))
@@ -76,10 +78,12 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
             scs.append(q4k_scale_words(b, level, sm, width, sub_lo, sub_hi))
         xo = b.mul(i, i64(256))
 
-        def row(r, k):
-            x, xd, xbs, s = tile.ptrs(b, r)
-            if width == 512:
-                x = s                       # the nibble-ordered copy (prep_interleave)
+        def xrow(r):
+            x, _, _, s = tile.ptrs(b, r)
+            return s if width == 512 else x   # zmm: the nibble-ordered copy
+
+        def floats(r, k, sumi):
+            _, xd, xbs, _ = tile.ptrs(b, r)
             xs = load(b, xd, b.mul(i, i64(4)), F32)
             dd = b.fmul(ddw, splat(b, xs, 2))
             d = b.extract_element(dd, ir.Constant(I32, 0))
@@ -88,13 +92,19 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
             msum = pmaddwd(b, mw, bs)
             pm = accm(b, k)
             st(b, fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), ld(b, pm)), pm)
-            sumi = zero
-            for j in range(nvec):
-                xlo, xhi = q4k_x(b, x, xo, j, width)
-                sumi = q4k_dot(b, level, sumi, los[j], his[j], xlo, xhi, scs[j])
             pa = acc(b, k)
             b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
-        rows.each(b, row)
+
+        # one quant vector pair at a time across the rows (fewer live registers than
+        # row by row: the same on avx512vnni, ~3% faster on avx2's 16 ymm registers)
+        for j in range(nvec):
+            def dot(r, k, j=j):
+                xlo, xhi = q4k_x(b, xrow(r), xo, j, width)
+                prev = zero if j == 0 else b.load(sums(b, k))
+                b.store(q4k_dot(b, level, prev, los[j], his[j], xlo, xhi, scs[j]),
+                        sums(b, k))
+            rows.each(b, dot)
+        rows.each(b, lambda r, k: floats(r, k, b.load(sums(b, k))))
 
     def result(r, k):
         a = b.load(acc(b, k))

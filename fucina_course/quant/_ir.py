@@ -141,15 +141,12 @@ def dot4(builder, level, acc, u8, s8):
 
 
 def abs_sign(builder, q, x):
-    """(|q|, x * sign(q)) byte vectors: ggml's AVX2 trick for a signed x signed dot
-    product with vpmaddubsw (|q| <= 128 and |x| <= 127, so a pair is at most 32512)."""
-    n = q.type.count
-    zero = ir.Constant(V(I8, n), None)
-    neg = builder.icmp_signed("<", q, zero)
-    aq = builder.select(neg, builder.sub(zero, q), q)
-    sx = builder.select(neg, builder.sub(zero, x), x)
-    sx = builder.select(builder.icmp_signed("==", q, zero), zero, sx)
-    return aq, sx
+    """(|q|, x * sign(q)) byte vectors (ymm): ggml's AVX2 trick for a signed x signed
+    dot product with vpmaddubsw (|q| <= 128 and |x| <= 127, so a pair is at most
+    32512): vpabsb, vpsignb."""
+    zero = ir.Constant(V(I8, 32), None)
+    aq = builder.select(builder.icmp_signed("<", q, zero), builder.sub(zero, q), q)
+    return aq, call(builder, "llvm.x86.avx2.psign.b", V(I8, 32), x, q)
 
 
 def packssdw(b, a, c):
@@ -234,7 +231,8 @@ def define_matmul(mod, name, tile_body, bpb, pf):
     for each tile of up to TILE activation rows and each weight row r in r0 .. r1,
     `tile_body(b, w_r, nblk, tile, pf, rows)` stores y[t, col + r] for the tile's rows.
     The tile loop is outside the row loop: a chunk of weight rows (a few KB) stays in
-    L1 while the tiles pass over it."""
+    L1 while the tiles pass over it.  (avx2, whose 16 ymm registers spill with 8 rows'
+    accumulators, ran as fast with tiles of 4 or 6: docs/BENCHMARKS.md.)"""
     argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
     fn, b = _function(mod, name, argtys)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
