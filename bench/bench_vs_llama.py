@@ -9,7 +9,10 @@ MODEL is a path, a named model (see `fucina models list`), or one of the synthet
 use).
 
 Kernel levels (fucina_course/quant/isa.py): `--levels` runs fucina once per level
-(FUCINA_SIMD=<level>; default: the best this CPU runs).  Each level is compared with
+(FUCINA_SIMD=<level>; default: the best this CPU runs).  Below avx512vnni the whole
+fucina process is made to run as on a CPU without AVX-512 (numba compiles for Haswell
+or Alder Lake, OpenBLAS uses its Haswell kernels; `--no-emulate`: FUCINA_SIMD only).
+Each level is compared with
 the llama.cpp build of the same instruction set: `--llama-avx2 DIR` is a
 llama-cpp-python built with AVX-512 off (scripts/build_llama_cpp_avx2.sh), used for the
 levels below avx512vnni; otherwise (and for avx512vnni) the environment's llama_cpp,
@@ -43,6 +46,18 @@ import sys
 import time
 
 LEVELS = ("avx512vnni", "avxvnni", "avx2", "generic")
+_V3 = "+sse4.2,+ssse3,+popcnt,+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+lzcnt,+movbe,+cx16"
+# --emulate: what a CPU without AVX-512 runs, for the whole process -- numba compiles
+# every kernel (attention, norms, the generic level) for it and OpenBLAS uses its
+# Haswell kernels, not only the quant kernels of the level
+EMULATE = {
+    "avxvnni": {"NUMBA_CPU_NAME": "alderlake", "NUMBA_CPU_FEATURES": _V3 + ",+avxvnni",
+                "OPENBLAS_CORETYPE": "Haswell"},
+    "avx2": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _V3,
+             "OPENBLAS_CORETYPE": "Haswell"},
+    "generic": {"NUMBA_CPU_NAME": "haswell", "NUMBA_CPU_FEATURES": _V3,
+                "OPENBLAS_CORETYPE": "Haswell"},
+}
 
 
 def resolve(model: str) -> str:
@@ -146,6 +161,9 @@ def main() -> None:
     ap.add_argument("--llama-avx2", default=None,
                     help="llama_cpp built with AVX-512 off, for the levels below "
                          "avx512vnni")
+    ap.add_argument("--no-emulate", dest="emulate", action="store_false",
+                    help="levels below avx512vnni: only FUCINA_SIMD, with numba and "
+                         "OpenBLAS still using this CPU's AVX-512 elsewhere")
     ap.add_argument("--markdown", action="store_true",
                     help="print a docs/BENCHMARKS.md table")
     ap.add_argument("--llama-worker", nargs=5, help=argparse.SUPPRESS)
@@ -170,10 +188,13 @@ def main() -> None:
             build = args.llama_path
             if level and level != "avx512vnni" and args.llama_avx2:
                 build = args.llama_avx2
+            env = {"FUCINA_SIMD": level} if level else {}
+            if args.emulate:
+                env.update(EMULATE.get(level, {}))
             ours = run_sub(["-m", "fucina_course", "bench", path, "--threads",
                             str(args.threads), "--pp", args.pp, "--tg", str(args.tg),
                             "--repeats", str(args.repeats), "--json"], args.threads,
-                           {"FUCINA_SIMD": level} if level else {})
+                           env)
             if build not in theirs_by_build:
                 theirs_by_build[build] = run_sub(
                     [__file__, "x", "--llama-worker", path, str(args.threads), args.pp,
@@ -198,9 +219,11 @@ def main() -> None:
                        if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
+        emu = ("levels below avx512vnni emulate a CPU without AVX-512 (numba, "
+               "OpenBLAS)" if args.emulate else "FUCINA_SIMD only")
         print(f"\n{datetime.date.today()} — {cpu}, {os.cpu_count()} cores, "
               f"threads={args.threads}, Python {platform.python_version()}, median of "
-              f"{args.repeats}; llama.cpp builds: "
+              f"{args.repeats}; {emu}; llama.cpp builds: "
               + "; ".join(f"{b} ({isa})" for b, isa in builds.items()) + "\n")
         print("| model | fucina level | llama.cpp ISA | test | fucina tok/s | "
               "llama.cpp tok/s | ratio |")

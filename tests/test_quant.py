@@ -578,6 +578,8 @@ def test_dispatch_table_covers_every_format_and_level():
             k = matvec_mod.KERNELS[(t, lv)]
             assert isinstance(k, IntKernels) and matmul_mod.KERNELS[(t, lv)] is k
     assert set(matmul_mod.ROWS_BLAS_MIN_ROWS) == set(INT_TYPES)
+    for table in matmul_mod.ROWS_BLAS_MIN_ROWS_BY_LEVEL.values():
+        assert set(table) == set(INT_TYPES) and min(table.values()) >= 64
 
 
 # Registers and encodings an AVX2-only CPU (an AMD EPYC, Zen 2/3) does not have: zmm,
@@ -775,8 +777,8 @@ def test_matmul_paths_agree_with_matvec(t, kernels):
     assert np.array_equal(gemv, dec)
     assert np.array_equal(rows, dec)                          # bit-identical, not close
     assert_close(blas, dec, 1e-5, mag, t.name)
-    if matmul_mod.has_rows_kernel(w):                         # 19 < ROWS_BLAS_MIN_ROWS
-        assert 19 < matmul_mod.ROWS_BLAS_MIN_ROWS[t] and np.array_equal(auto, rows)
+    if matmul_mod.has_rows_kernel(w):                     # 19 < rows_blas_min_rows
+        assert 19 < matmul_mod.rows_blas_min_rows(t) and np.array_equal(auto, rows)
     else:                                                     # 19 >= PREFILL_MIN_ROWS
         assert np.array_equal(auto, blas)
     f32 = matmul(w, X, path="blas", exact_activations=False)

@@ -38,7 +38,8 @@ from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
                           q4k_dot, q4k_min_words, q4k_quants, q4k_scale_words,
                           q4k_scales, q4k_x, q5k_high_bits, q6k_pair_scales, q6k_quants,
                           q6k_scale_words, q6k_scales, unsigned_offset)
-from ._ir import (F32, I8, I16, I32, V, abs_sign, block_at, const_vec, dot4, dpbusd,
+from ._ir import (F32, I8, I16, I32, V, abs_sign, block_at, by_halves, const_vec, dot4,
+                  dpbusd,
                   dpwssd, fma, fold16, for_range, hsum_f32, i64, ld, load, load_f16,
                   packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat, st)
 from .formats import FORMATS
@@ -114,11 +115,11 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
     rows.finish(b, result)
 
 
-def _offset_init(b, u, off):
+def _offset_init(b, u, off, level):
     """<n/4 x i32> 512 * off - 128 * (sum of each lane's 4 unsigned quants u): the start
     of a dpbusd of (x + 128) with q = u - off that leaves the exact sum_j q_j x_j."""
     n = u.type.count // 4
-    return dpbusd(b, const_vec(I32, n, 512 * off), u, const_vec(I8, 4 * n, -128))
+    return dot4(b, level, const_vec(I32, n, 512 * off), u, const_vec(I8, 4 * n, -128))
 
 
 def _pair_correction(b, q):
@@ -149,7 +150,7 @@ def q6k_rows(b, w, nsb, tile, pf, rows, level):
                     inits.append(_pair_correction(b, qv[-1]))
                     scw.append(q6k_pair_scales(b, sc16, n, k))
                 else:
-                    inits.append(_offset_init(b, u, off))
+                    inits.append(_offset_init(b, u, off, level))
             if not avx2:
                 for k in (0, 2):
                     scw.append(q6k_scale_words(b, sc16, n, k))
@@ -208,9 +209,11 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
     def weights(u):
         """The weight-side operands of a block (pair) for `lanes`."""
         if form == "vnni-offset":
-            return blk32_signed(b, t, u), _offset_init(b, u, off)
+            return blk32_signed(b, t, u), _offset_init(b, u, off, level)
         if form == "avx2-offset":
             q = blk32_signed(b, t, u)
+            if q.type.count == 64:
+                return q, by_halves(b, lambda qh: _pair_correction(b, qh), q)
             return q, _pair_correction(b, q)
         if form == "sign":
             return blk32_signed(b, t, u), None
@@ -218,48 +221,50 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
 
     def lanes(wq, corr, x, xu, n):
         if form == "vnni-offset":
-            return dpbusd(b, corr, load(b, xu[0], xu[1], V(I8, n)), wq)
+            return dot4(b, level, corr, load(b, xu[0], xu[1], V(I8, n)), wq)
         xv = load(b, x[0], x[1], V(I8, n))
         if form == "avx2-offset":
             xuv = load(b, xu[0], xu[1], V(I8, n))
-            p16 = b.sub(pmaddubsw(b, xuv, wq), corr)
-            return pmaddwd(b, p16, const_vec(I16, 16, 1))
+
+            def pairs(xh, qh, ch):
+                p16 = b.sub(pmaddubsw(b, xh, qh), ch)
+                return pmaddwd(b, p16, const_vec(I16, 16, 1))
+            return pairs(xuv, wq, corr) if n == 32 else by_halves(b, pairs, xuv, wq,
+                                                                  corr)
         if form == "sign":
             return dot4(b, level, None, *abs_sign(b, wq, xv))
         return dot4(b, level, None, wq, xv)
 
-    start = i64(0)
-    if level == isa.AVX512VNNI:
-        acc2 = rows.acc(b, V(F32, 16))
-        rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
-        npair = b.sdiv(nb, i64(2))
-        with for_range(b, i64(0), npair) as index:
-            i, p = blk32_pair(b, w, index, bpb, pf)
-            dvw, mvw = blk32_scales(b, p, t, 2)
-            wq, corr = weights(blk32_quants(b, p, t, 2))
+    acc2 = rows.acc(b, V(F32, 16))
+    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
+    npair = b.sdiv(nb, i64(2))
+    with for_range(b, i64(0), npair) as index:
+        i, p = blk32_pair(b, w, index, bpb, pf)
+        dvw, mvw = blk32_scales(b, p, t, 2)
+        wq, corr = weights(blk32_quants(b, p, t, 2, level))
 
-            def row(r, k):
-                x, xd, xs, s = tile.ptrs(b, r)
-                dvr = b.fmul(dvw, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
-                dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
-                o = b.mul(i, i64(32))
-                dot = lanes(wq, corr, (x, o), (s, o), 64)
-                pa = acc2(b, k)
-                b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
-                if with_min:
-                    xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
-                    pm = accm(b, k)
-                    b.store(fma(b, mvw, xm, b.load(pm)), pm)
-            rows.each(b, row)
-        rows.each(b, lambda r, k: b.store(fold16(b, b.load(acc2(b, k))), acc(b, k)))
-        start = b.mul(npair, i64(2))
+        def row(r, k):
+            x, xd, xs, s = tile.ptrs(b, r)
+            dvr = b.fmul(dvw, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
+            dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
+            o = b.mul(i, i64(32))
+            dot = lanes(wq, corr, (x, o), (s, o), 64)
+            pa = acc2(b, k)
+            b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
+            if with_min:
+                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+                pm = accm(b, k)
+                b.store(fma(b, mvw, xm, b.load(pm)), pm)
+        rows.each(b, row)
+    rows.each(b, lambda r, k: b.store(fold16(b, b.load(acc2(b, k))), acc(b, k)))
+    start = b.mul(npair, i64(2))
     with for_range(b, start, nb) as i:
         o = b.mul(i, i64(bpb))
         prefetch(b, w, b.add(o, pf))
         p = b.gep(w, [o])
         dvw, mvw = blk32_scales(b, p, t, 1)
         dw = b.extract_element(dvw, ir.Constant(I32, 0))
-        wq, corr = weights(blk32_quants(b, p, t, 1))
+        wq, corr = weights(blk32_quants(b, p, t, 1, level))
 
         def row1(r, k):
             x, xd, xs, s = tile.ptrs(b, r)

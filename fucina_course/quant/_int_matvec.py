@@ -51,7 +51,7 @@ from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, co
                   load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat)
 from .formats import FORMATS
 
-ROWS = 16          # output rows per parallel chunk (_drive.py)
+ROWS = 16          # output rows per parallel chunk (_int.run)
 PREFETCH = 2048    # bytes ahead in the weight stream (docs/BENCHMARKS.md#prefetch)
 
 # --- activation preparation, once per call (define_prep bodies) -----------------------
@@ -346,7 +346,24 @@ def unsigned_offset(t) -> int:
     return 128 if t == T.Q8_0 else FORMATS[t].zero_point
 
 
-def blk32_quants(b, p, t, k):
+def bits_to_bytes(b, h32, level):
+    """<32 x i8>: 0x10 where bit j of the i32 h32 is set, else 0 (byte j).  avx512vnni:
+    a mask register and a select; the ymm levels as ggml's bytes_from_bits_32: each
+    byte gets its qh byte (broadcast + vpshufb), ORed with all bits but its own, then
+    compared with 0xFF (a select on 32 bits cost LLVM ~3x more instructions there)."""
+    zero = ir.Constant(V(I8, 32), None)
+    if level == isa.AVX512VNNI:
+        return b.select(b.bitcast(h32, V(ir.IntType(1), 32)), const_vec(I8, 32, 0x10),
+                        zero)
+    v = b.bitcast(splat(b, h32, 8), V(I8, 32))
+    v = shuffle(b, v, v, [j // 8 for j in range(32)])
+    others = [0xFF ^ (1 << (j % 8)) for j in range(32)]
+    v = b.or_(v, ir.Constant(V(I8, 32), others))
+    on = b.icmp_unsigned("==", v, const_vec(I8, 32, 0xFF))
+    return b.select(on, const_vec(I8, 32, 0x10), zero)
+
+
+def blk32_quants(b, p, t, k, level=isa.AVX512VNNI):
     """<32*k x i8> unsigned quants u = q + off of k consecutive blocks at i8* p (Q8_0:
     the stored q ^ 0x80)."""
     fmt = FORMATS[t]
@@ -367,13 +384,14 @@ def blk32_quants(b, p, t, k):
     u = b.and_(u, const_vec(I8, n, 0x0F))
     if fmt.qh_offset is not None:               # Q5_0, Q5_1: the 5th bits
         hs = [load(b, p, i64(bpb * j + fmt.qh_offset), I32) for j in range(k)]
-        if k == 1:
-            bits = b.bitcast(hs[0], V(ir.IntType(1), 32))
+        if k == 1 or level != isa.AVX512VNNI:
+            h = [bits_to_bytes(b, h32, level) for h32 in hs]
+            h = h[0] if k == 1 else shuffle(b, h[0], h[1], range(64))
         else:
             h64 = b.or_(b.zext(hs[0], I64), b.shl(b.zext(hs[1], I64), i64(32)))
             bits = b.bitcast(h64, V(ir.IntType(1), 64))
-        zero = ir.Constant(V(I8, n), None)
-        u = b.or_(u, b.select(bits, const_vec(I8, n, 0x10), zero))
+            h = b.select(bits, const_vec(I8, n, 0x10), ir.Constant(V(I8, n), None))
+        u = b.or_(u, h)
     return u
 
 
@@ -424,8 +442,8 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
     """Row . Q8_0 / Q8_1 activations for t in Q8_0 / Q4_0 / Q5_0 / Q4_1 / Q5_1:
     y = sum_b (d_w d_x)[b] * sum_j (u_j - off) x_j  (+ m_w s_x for Q4_1 / Q5_1).
     VNNI lanes start from xoff (int32[n/4], -off * the sum of their 4 activations);
-    avx2 Q8_0 uses the sign trick instead.  avx512vnni: two blocks per zmm iteration,
-    an odd last block through ymm; the other levels: one block per ymm iteration."""
+    avx2 Q8_0 uses the sign trick instead.  Two blocks per iteration (a zmm, or two
+    ymm: two float chains, not one), an odd last block alone."""
     bpb = FORMATS[t].block_bytes
     off = unsigned_offset(t)
     with_min = FORMATS[t].m_offset is not None
@@ -433,27 +451,25 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
     acc_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
     accm_p = alloca(b, V(F32, 2), ir.Constant(V(F32, 2), None))    # block pairs
     accm1_p = alloca(b, V(F32, 1), ir.Constant(V(F32, 1), None))   # single blocks
-    start = i64(0)
-    if level == isa.AVX512VNNI:
-        acc2_p = alloca(b, V(F32, 16), ir.Constant(V(F32, 16), None))
-        npair = b.sdiv(nb, i64(2))
-        with for_range(b, i64(0), npair) as index:
-            i, p = blk32_pair(b, w, index, bpb, pf)
-            dv, mv = blk32_scales(b, p, t, 2)
-            dv = b.fmul(dv, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
-            dv = shuffle(b, dv, dv, [0] * 8 + [1] * 8)
-            u = blk32_quants(b, p, t, 2)
-            init = (load(b, xoff, b.mul(i, i64(32)), V(I32, 16)) if offsets
-                    else None)
-            xv = load(b, x, b.mul(i, i64(32)), V(I8, 64))
-            dot = blk32_lanes(b, level, t, u, xv, init)
-            acc = b.load(acc2_p)
-            b.store(fma(b, dv, b.sitofp(dot, V(F32, 16)), acc), acc2_p)
-            if with_min:
-                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
-                b.store(fma(b, mv, xm, b.load(accm_p)), accm_p)
-        b.store(fold16(b, b.load(acc2_p)), acc_p)
-        start = b.mul(npair, i64(2))
+    acc2_p = alloca(b, V(F32, 16), ir.Constant(V(F32, 16), None))
+    npair = b.sdiv(nb, i64(2))
+    with for_range(b, i64(0), npair) as index:
+        i, p = blk32_pair(b, w, index, bpb, pf)
+        dv, mv = blk32_scales(b, p, t, 2)
+        dv = b.fmul(dv, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
+        dv = shuffle(b, dv, dv, [0] * 8 + [1] * 8)
+        u = blk32_quants(b, p, t, 2, level)
+        init = (load(b, xoff, b.mul(i, i64(32)), V(I32, 16)) if offsets
+                else None)
+        xv = load(b, x, b.mul(i, i64(32)), V(I8, 64))
+        dot = blk32_lanes(b, level, t, u, xv, init)
+        acc = b.load(acc2_p)
+        b.store(fma(b, dv, b.sitofp(dot, V(F32, 16)), acc), acc2_p)
+        if with_min:
+            xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+            b.store(fma(b, mv, xm, b.load(accm_p)), accm_p)
+    b.store(fold16(b, b.load(acc2_p)), acc_p)
+    start = b.mul(npair, i64(2))
     with for_range(b, start, nb) as i:
         o = b.mul(i, i64(bpb))
         prefetch(b, w, b.add(o, pf))
@@ -461,7 +477,7 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
         dv, mv = blk32_scales(b, p, t, 1)
         d = b.fmul(b.extract_element(dv, ir.Constant(I32, 0)),
                    load(b, xd, b.mul(i, i64(4)), F32))
-        u = blk32_quants(b, p, t, 1)
+        u = blk32_quants(b, p, t, 1, level)
         init = load(b, xoff, b.mul(i, i64(32)), V(I32, 8)) if offsets else None
         xv = load(b, x, b.mul(i, i64(32)), V(I8, 32))
         dot = blk32_lanes(b, level, t, u, xv, init)

@@ -128,10 +128,28 @@ def pmaddubsw(builder, u8, s8):
                 builder.bitcast(u8, V(I8, 32)), builder.bitcast(s8, V(I8, 32)))
 
 
+def half(builder, v, h):
+    """Half h (0: low, 1: high) of vector v."""
+    n = v.type.count // 2
+    return shuffle(builder, v, v, range(h * n, h * n + n))
+
+
+def by_halves(builder, fn, *args):
+    """fn applied to the low and the high halves of its vector arguments (None stays
+    None), the two results joined: a 512-bit operation on a level with 256-bit
+    registers."""
+    lo = fn(*[None if a is None else half(builder, a, 0) for a in args])
+    hi = fn(*[None if a is None else half(builder, a, 1) for a in args])
+    return shuffle(builder, lo, hi, range(2 * lo.type.count))
+
+
 def dot4(builder, level, acc, u8, s8):
-    """acc <8 x i32> (None: zero) + the sum of each lane's 4 u8 x s8 products: vpdpbusd
+    """acc <n x i32> (None: zero) + the sum of each lane's 4 u8 x s8 products: vpdpbusd
     on the VNNI levels; vpmaddubsw, then vpmaddwd by 1, on avx2 (exact only while the
-    pairs do not saturate: u * |s| * 2 < 2^15)."""
+    pairs do not saturate: u * |s| * 2 < 2^15).  64 bytes on a ymm level: per half."""
+    if u8.type.count == 64 and level != isa.AVX512VNNI:
+        return by_halves(builder, lambda a, u, s: dot4(builder, level, a, u, s),
+                         acc, u8, s8)
     if level != isa.AVX2:
         if acc is None:
             acc = ir.Constant(V(I32, u8.type.count // 4), None)
@@ -144,6 +162,11 @@ def abs_sign(builder, q, x):
     """(|q|, x * sign(q)) byte vectors (ymm): ggml's AVX2 trick for a signed x signed
     dot product with vpmaddubsw (|q| <= 128 and |x| <= 127, so a pair is at most
     32512): vpabsb, vpsignb."""
+    if q.type.count == 64:
+        parts = [abs_sign(builder, half(builder, q, h), half(builder, x, h))
+                 for h in (0, 1)]
+        return tuple(shuffle(builder, parts[0][i], parts[1][i], range(64))
+                     for i in (0, 1))
     zero = ir.Constant(V(I8, 32), None)
     aq = builder.select(builder.icmp_signed("<", q, zero), builder.sub(zero, q), q)
     return aq, call(builder, "llvm.x86.avx2.psign.b", V(I8, 32), x, q)

@@ -15,7 +15,7 @@ by m rows at once.  Three paths, chosen by `path=`:
   with numpy's `@` (OpenBLAS sgemm), straight into the output columns of those rows.
   The weights stay in their block format; only one tile is ever float32.
 
-"auto" (the default): "rows" below `ROWS_BLAS_MIN_ROWS[format]` rows for the formats
+"auto" (the default): "rows" below `rows_blas_min_rows(format)` rows for the formats
 that have multi-row kernels, else "gemv" below `PREFILL_MIN_ROWS` (16) rows; "blas" from
 there on, and always with `exact_activations=False`.
 
@@ -84,16 +84,31 @@ def openblas_workers_spin(env=os.environ) -> bool:
 # "auto": BLAS from this many rows on, for formats without multi-row kernels.  From the
 # float kernels: blas Q4_K at m = 16 / 64 / 256 ran 46 / 126 / 222 GFLOP/s, gemv ~40.
 PREFILL_MIN_ROWS = 16
-# "auto": BLAS from this many rows on, for formats with multi-row kernels.  While
-# OpenBLAS's workers spin, the model-level crossover is ~64 prompt tokens (Q4_K pp64:
-# rows 100-110 vs blas 104-115 tok/s); without the spin, the kernels' own crossover
-# (docs/BENCHMARKS.md#prefill-paths).  Assign to change.
+# "auto": BLAS from this many rows on, for formats with multi-row kernels, per level.
+# While OpenBLAS's workers spin, the model-level crossover is ~64 prompt tokens (Q4_K
+# pp64: rows 100-110 vs blas 104-115 tok/s); without the spin, the kernels' own
+# crossover (docs/BENCHMARKS.md#prefill-paths): on avx2 the 32-element formats' tiles
+# (~45-52 GFLOP/s per core, indicative) fall behind an AVX2 sgemm (~58-65 at m = 256)
+# from ~128 rows, the K-quants' (~80-90) never do below 512.  avxvnni: avx2's, until
+# measured.  `ROWS_BLAS_MIN_ROWS` is the current level's table; assign to change.
 _INT = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
+_KQ = (T.Q4_K, T.Q5_K, T.Q6_K)
 if openblas_workers_spin():
-    ROWS_BLAS_MIN_ROWS = {t: 64 for t in _INT}
+    ROWS_BLAS_MIN_ROWS_BY_LEVEL = {lv: {t: 64 for t in _INT} for lv in isa.LEVELS}
 else:
-    ROWS_BLAS_MIN_ROWS = {T.Q4_K: 512, T.Q5_K: 512, T.Q6_K: 512, T.Q8_0: 256,
-                          T.Q4_0: 512, T.Q5_0: 256, T.Q4_1: 256, T.Q5_1: 256}
+    _vnni = {T.Q4_K: 512, T.Q5_K: 512, T.Q6_K: 512, T.Q8_0: 256, T.Q4_0: 512,
+             T.Q5_0: 256, T.Q4_1: 256, T.Q5_1: 256}
+    _avx2 = {t: 512 if t in _KQ else 128 for t in _INT}
+    ROWS_BLAS_MIN_ROWS_BY_LEVEL = {isa.AVX512VNNI: _vnni, isa.AVXVNNI: _avx2,
+                                   isa.AVX2: _avx2, isa.GENERIC: _avx2}
+ROWS_BLAS_MIN_ROWS = ROWS_BLAS_MIN_ROWS_BY_LEVEL[isa.BEST]
+
+
+def rows_blas_min_rows(ggml_type) -> int:
+    """From how many rows "auto" uses BLAS for a format with tiles, at isa.level."""
+    if isa.level == isa.BEST:
+        return ROWS_BLAS_MIN_ROWS[ggml_type]
+    return ROWS_BLAS_MIN_ROWS_BY_LEVEL[isa.level][ggml_type]
 
 # (format, instruction-set level) -> multi-row kernel: the tile kernels of each integer
 # level (the same `IntKernels` as matvec's, one compiled module per format and level).
@@ -213,7 +228,7 @@ def matmul(w, X: np.ndarray, out: np.ndarray | None = None, *, path: str = "auto
         if not exact_activations:
             path = "blas"
         elif has_rows_kernel(w):
-            path = "rows" if m < ROWS_BLAS_MIN_ROWS[w.ggml_type] else "blas"
+            path = "rows" if m < rows_blas_min_rows(w.ggml_type) else "blas"
         else:
             path = "gemv" if m < PREFILL_MIN_ROWS else "blas"
     if path == "blas":
@@ -240,7 +255,9 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
         lv, k = kernel_for(t, level)
         if isinstance(k, IntKernels):
             mv = k.describe()
-            mm = f"{_TILE_ROWS}-row tiles < {ROWS_BLAS_MIN_ROWS[t]} rows, BLAS above"
+            n = (ROWS_BLAS_MIN_ROWS if lv == isa.BEST
+                 else ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv])[t]
+            mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
         else:
             mv = "float32 lanes (numba)"
             mm = f"matvec per row < {PREFILL_MIN_ROWS} rows, BLAS above"
