@@ -255,7 +255,8 @@ def define_matmul(mod, name, tile_body, bpb, pf):
     `tile_body(b, w_r, nblk, tile, pf, rows)` stores y[t, col + r] for the tile's rows.
     The tile loop is outside the row loop: a chunk of weight rows (a few KB) stays in
     L1 while the tiles pass over it.  (avx2, whose 16 ymm registers spill with 8 rows'
-    accumulators, ran as fast with tiles of 4 or 6: docs/BENCHMARKS.md.)"""
+    accumulators, ran no faster with tiles of 4 or 6:
+    docs/BENCHMARKS.md#instruction-set-levels.)"""
     argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
     fn, b = _function(mod, name, argtys)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args

@@ -66,8 +66,8 @@ def numba_cpu_name() -> str:
 def target(level: str) -> tuple[str, str, str]:
     """(cpu, features, tune-cpu) the integer kernels of `level` are compiled for: the
     baseline x86-64 CPU plus exactly the level's features, scheduled for this CPU
-    (tuning picks instruction order, never instructions: it was worth 5-8% in cache
-    for Q4_K / Q6_K on Sapphire Rapids, docs/BENCHMARKS.md#integer-levels)."""
+    (tuning orders instructions, it never adds any; without it one run was 5-8% slower
+    in cache, docs/BENCHMARKS.md#instruction-set-levels)."""
     features = ",".join("+" + f for f in sorted(NEEDED[level]))
     return "x86-64", features, numba_cpu_name()
 

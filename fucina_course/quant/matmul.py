@@ -87,10 +87,10 @@ PREFILL_MIN_ROWS = 16
 # "auto": BLAS from this many rows on, for formats with multi-row kernels, per level.
 # While OpenBLAS's workers spin, the model-level crossover is ~64 prompt tokens (Q4_K
 # pp64: rows 100-110 vs blas 104-115 tok/s); without the spin, the kernels' own
-# crossover (docs/BENCHMARKS.md#prefill-paths): on avx2 the 32-element formats' tiles
-# (~45-52 GFLOP/s per core, indicative) fall behind an AVX2 sgemm (~58-65 at m = 256)
-# from ~128 rows, the K-quants' (~80-90) never do below 512.  avxvnni: avx2's, until
-# measured.  `ROWS_BLAS_MIN_ROWS` is the current level's table; assign to change.
+# crossover (docs/BENCHMARKS.md#prefill-paths, #instruction-set-levels): on avx2 the
+# 32-element formats' tiles (~45-52 GFLOP/s per core, indicative) fall behind an AVX2
+# sgemm (~58-65 at m = 256) from ~128 rows, the K-quants' (~80-90) not below 512.
+# avxvnni: avx2's, until measured.  `ROWS_BLAS_MIN_ROWS` is the best level's table.
 _INT = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
 _KQ = (T.Q4_K, T.Q5_K, T.Q6_K)
 if openblas_workers_spin():
