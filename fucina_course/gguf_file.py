@@ -228,26 +228,39 @@ class _CheckedReader(GGUFReader):
         return (offs - orig_offs, [raw_itype, alen, values], [2],
                 [GGUFValueType.ARRAY, itype])
 
+    def _check_count(self, count, offs: int, min_bytes: int, limit: int,
+                     what: str) -> int:
+        """A header's item count, checked before anything is allocated for it: each
+        item takes at least `min_bytes`, so they must fit in what is left of the file,
+        and there may be at most `limit` of them."""
+        count = int(count)
+        remaining = len(self.data) - offs
+        if count > remaining // min_bytes:
+            raise _Truncated(f"the header claims {count:,} {what} but only "
+                             f"{remaining:,} bytes follow")
+        if count > limit:
+            raise _Corrupt(f"the header claims {count:,} {what}; at most {limit:,} "
+                           "are accepted")
+        return count
+
+    def _name_at(self, offs: int, whose: str):
+        """The UTF-8 name (of a key or tensor) at `offs`: (its length part, its bytes
+        part, the text, the offset after it)."""
+        length, data = self._get_str(offs)
+        try:
+            text = bytes(data).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Corrupt(f"{whose}'s name is not UTF-8") from None
+        return length, data, text, offs + 8 + int(data.nbytes)
+
     def _build_fields(self, offs: int, count: int) -> int:
         # Same walk as GGUFReader._build_fields, plus llama.cpp's key rules, and a lazy
         # string-array part list is kept lazy (the base class would materialise it).
-        count = int(count)
-        remaining = len(self.data) - offs
-        if count > remaining // _MIN_KV_BYTES:
-            raise _Truncated(f"the header claims {count:,} metadata keys but only "
-                             f"{remaining:,} bytes follow")
-        if count > MAX_KEYS:
-            raise _Corrupt(f"the header claims {count:,} metadata keys; at most "
-                           f"{MAX_KEYS:,} are accepted")
+        count = self._check_count(count, offs, _MIN_KV_BYTES, MAX_KEYS, "metadata keys")
         for i in range(count):
             orig_offs = offs
             self._where = f"metadata key #{i}"
-            kv_klen, kv_kdata = self._get_str(offs)
-            offs += 8 + int(kv_kdata.nbytes)
-            try:
-                key = bytes(kv_kdata).decode("utf-8")
-            except UnicodeDecodeError:
-                raise _Corrupt(f"metadata key #{i}'s name is not UTF-8") from None
+            kv_klen, kv_kdata, key, offs = self._name_at(offs, f"metadata key #{i}")
             if not key:
                 raise _Corrupt(f"metadata key #{i} has an empty name")
             if key in self.fields:
@@ -284,24 +297,13 @@ class _CheckedReader(GGUFReader):
 
     def _build_tensor_info(self, offs: int, count: int):
         self._check_alignment()  # before the base class reads it, for a clearer message
-        count = int(count)
-        remaining = len(self.data) - offs
-        if count > remaining // _MIN_TENSOR_INFO_BYTES:
-            raise _Truncated(f"the header claims {count:,} tensors but only "
-                             f"{remaining:,} bytes follow")
-        if count > MAX_TENSORS:
-            raise _Corrupt(f"the header claims {count:,} tensors; at most "
-                           f"{MAX_TENSORS:,} are accepted")
+        count = self._check_count(count, offs, _MIN_TENSOR_INFO_BYTES, MAX_TENSORS,
+                                  "tensors")
         fields, names = [], set()
         for i in range(count):
             orig_offs = offs
             self._where = f"tensor #{i}'s name"
-            name_len, name_data = self._get_str(offs)
-            offs += 8 + int(name_data.nbytes)
-            try:
-                name = bytes(name_data).decode("utf-8")
-            except UnicodeDecodeError:
-                raise _Corrupt(f"tensor #{i}'s name is not UTF-8") from None
+            name_len, name_data, name, offs = self._name_at(offs, f"tensor #{i}")
             if not name or len(name_data) > MAX_NAME_BYTES:
                 raise _Corrupt(f"tensor #{i}'s name is {len(name_data)} bytes long; "
                                f"it must be 1 to {MAX_NAME_BYTES}")
