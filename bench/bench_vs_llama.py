@@ -5,8 +5,10 @@
         [--llama-path DIR] [--llama-avx2 DIR] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
-`synth:qwen3-0.6b:Q8_0` / `synth:qwen3-0.6b:Q4_K` (written into the cache dir on first
-use).
+`synth:GEOMETRY:FORMAT`, written into the cache dir on first use: GEOMETRY is
+`qwen3-0.6b`, `qwen3-moe-1gb` (128 experts, 8 per token; fucina_course/synth.py) or
+its dense twins `qwen3-moe-1gb-dense-active` / `-dense-total` (an FFN as wide as 8 / 128
+experts), e.g. `synth:qwen3-0.6b:Q4_K`, `synth:qwen3-moe-1gb:Q8_0`.
 
 Kernel levels (fucina_course/quant/isa.py): `--levels` runs fucina once per level
 (FUCINA_SIMD=<level>; default: the best this CPU runs).  Below avx512vnni the whole
@@ -62,12 +64,19 @@ EMULATE = {
 
 def resolve(model: str) -> str:
     if model.startswith("synth:"):
-        from fucina_course.synth import QWEN3_0_6B, cached_synthetic, with_format
+        from fucina_course.synth import (QWEN3_0_6B, QWEN3_MOE_1GB, cached_synthetic,
+                                         dense_twin, with_format)
 
+        moe = QWEN3_MOE_1GB
+        geometries = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-1gb": moe,
+                      # the MoE's dense twins: as many parameters per token / in total
+                      "qwen3-moe-1gb-dense-active": dense_twin(moe, moe.num_experts_used),
+                      "qwen3-moe-1gb-dense-total": dense_twin(moe, moe.num_experts)}
         _, geometry, fmt = model.split(":")
-        if geometry != "qwen3-0.6b":
-            raise SystemExit(f"unknown synthetic geometry {geometry!r}")
-        return str(cached_synthetic(with_format(QWEN3_0_6B, fmt)))
+        if geometry not in geometries:
+            raise SystemExit(f"unknown synthetic geometry {geometry!r} "
+                             f"(known: {', '.join(geometries)})")
+        return str(cached_synthetic(with_format(geometries[geometry], fmt)))
     from fucina_course.catalog import resolve as resolve_model
 
     return str(resolve_model(model))
