@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 # Debian: apt-get install chromium chromium-driver
 CHROMIUM ?= /usr/bin/chromium
 
-.PHONY: book test install dev models check-book clean
+.PHONY: book test install dev models check-book lab clean
 
 $(VENV)/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,12 @@ $(VENV)/.installed: requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt -e .
 	touch $@
 
-$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt scripts/install_llama_cpp.sh
+$(VENV)/.reader-installed: $(VENV)/.installed requirements-reader.txt
+	$(PY) -m pip install -q -r requirements-reader.txt
+	touch $@
+
+$(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt requirements-reader.txt \
+		scripts/install_llama_cpp.sh
 	$(PY) -m pip install -q -r requirements-dev.txt
 	PYTHON=$(PY) bash scripts/install_llama_cpp.sh
 	touch $@
@@ -48,6 +53,11 @@ test: dev models
 check-book: dev models
 	$(VENV)/bin/jupyter-book build --all . -W
 	$(PY) scripts/check_book.py --chromium "$(CHROMIUM)" --screenshots _build/screenshots
+
+# For readers: JupyterLab on the chapters; double-click a chapter's .md (or right-click,
+# Open With > Notebook) and run it cell by cell.
+lab: $(VENV)/.reader-installed models
+	$(VENV)/bin/jupyter lab book/chapters
 
 clean:
 	rm -rf _build .pytest_cache
