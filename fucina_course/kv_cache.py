@@ -34,9 +34,11 @@ from typing import NamedTuple
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
+from numba import njit
 
 from . import quant
 from .errors import FucinaError, KvCacheHeadDimNotBlockAligned, KvCacheOverflow
+from .quant._intrinsics import f16_to_f32, f32_to_f16_bits
 
 CACHE_TYPES = ("f16", "q8_0")
 Q8_BLOCK = quant.block_geometry(T.Q8_0)[0]          # 32 values share one f16 scale
@@ -69,6 +71,41 @@ def dequantize_q8_0_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """The inverse of `quantize_q8_0_rows` (up to its rounding): float32 `[..., d]`."""
     blocks = q.reshape(*q.shape[:-1], -1, Q8_BLOCK).astype(np.float32)  # [.., d/32, 32]
     return (blocks * scale.astype(np.float32)[..., None]).reshape(q.shape)
+
+
+def store_f16(out: np.ndarray, x: np.ndarray) -> None:
+    """out (a C-contiguous float16 array) = x (float32) rounded to the nearest half.
+
+    `out[...] = x` does the same through numpy's conversion, which has no SIMD path on
+    x86 without AVX512-FP16: 4 ms per million values here, against 0.3 ms for this
+    loop (LLVM's `fptrunc`, `vcvtps2ph`), i.e. 1.5 ms a layer of a 256-token prefill."""
+    if not out.flags.c_contiguous or out.dtype != np.float16:
+        raise ValueError("store_f16 writes into a C-contiguous float16 array")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape != out.shape:
+        raise ValueError(f"store_f16: shapes {x.shape} and {out.shape} differ")
+    _narrow(x.reshape(-1), out.reshape(-1).view(np.uint16))
+
+
+def load_f16(h: np.ndarray) -> np.ndarray:
+    """A float32 copy of the float16 array h (numpy's `astype`, without SIMD: see
+    `store_f16`)."""
+    h = np.ascontiguousarray(h)
+    out = np.empty(h.shape, np.float32)
+    _widen(h.reshape(-1).view(np.uint16), out.reshape(-1))
+    return out
+
+
+@njit(cache=True)
+def _narrow(x, bits):  # pragma: no cover - compiled
+    for j in range(x.shape[0]):
+        bits[j] = f32_to_f16_bits(x[j])
+
+
+@njit(cache=True)
+def _widen(bits, out):  # pragma: no cover - compiled
+    for j in range(bits.shape[0]):
+        out[j] = f16_to_f32(bits[j])
 
 
 class KvCache:
@@ -126,8 +163,8 @@ class KvCache:
         self.check_room(n)
         rows = slice(self.len, self.len + n)
         if self.k_scale is None:
-            self.k[layer][rows] = k
-            self.v[layer][rows] = v
+            store_f16(self.k[layer][rows], k)             # self.k[layer][rows] = k
+            store_f16(self.v[layer][rows], v)
         else:
             self.k[layer][rows], self.k_scale[layer][rows] = quantize_q8_0_rows(k)
             self.v[layer][rows], self.v_scale[layer][rows] = quantize_q8_0_rows(v)
@@ -135,8 +172,7 @@ class KvCache:
     def read(self, layer: int, upto: int) -> tuple[np.ndarray, np.ndarray]:
         """K, V of positions 0..upto-1: float32 copies `[upto, kv_heads, head_dim]`."""
         if self.k_scale is None:
-            return (self.k[layer][:upto].astype(np.float32),
-                    self.v[layer][:upto].astype(np.float32))
+            return load_f16(self.k[layer][:upto]), load_f16(self.v[layer][:upto])
         return (dequantize_q8_0_rows(self.k[layer][:upto], self.k_scale[layer][:upto]),
                 dequantize_q8_0_rows(self.v[layer][:upto], self.v_scale[layer][:upto]))
 

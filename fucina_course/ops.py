@@ -10,7 +10,9 @@ bits rather than merely "closely".
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
+
+from .quant._intrinsics import f32_as_u32, u32_as_f32
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -95,5 +97,102 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """silu(gate) * up: the gate decides, per channel, how much of `up` passes."""
-    return silu(gate) * up
+    """silu(gate) * up: the gate decides, per channel, how much of `up` passes.
+
+    One parallel numba pass (`_swiglu`, with `expf`) over `[n, ffn]` arrays, which may
+    be column views of one fused gate/up product: numpy's passes (a copy of each view,
+    exp, add, divide, multiply) took ~2 ms a layer in a `[256, 3072]` prefill, 3% of a
+    Qwen3-0.6B Q4_K pp256."""
+    shape = np.shape(gate)
+    gate, up = _rows(gate), _rows(up)
+    out = np.empty(gate.shape, np.float32)
+    if out.shape[0] == 1:
+        _swiglu_one(_flat(gate), _flat(up), out)
+    else:
+        _swiglu(_flat(gate), gate.strides[0] // 4, _flat(up), up.strides[0] // 4, out)
+    return out.reshape(shape)
+
+
+def _rows(x: np.ndarray) -> np.ndarray:
+    """x as float32 `[rows, cols]` with contiguous rows (a column view stays a view)."""
+    x = np.asarray(x, dtype=np.float32)
+    x = x.reshape(-1, x.shape[-1]) if x.ndim != 2 else x
+    return x if x.strides[1] == 4 and x.strides[0] % 4 == 0 else np.ascontiguousarray(x)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """The memory of `_rows` array x from its first to its last element, as one 1-D
+    contiguous array (row i starts at i * x.strides[0] / 4).  numba then knows the unit
+    stride and vectorizes; over a 2-D view (strides known only at run time) the same loop
+    stayed scalar (3.5 ms instead of 0.7 for `[256, 3072]`)."""
+    if x.flags.c_contiguous:
+        return x.reshape(-1)
+    span = (x.shape[0] - 1) * x.strides[0] // 4 + x.shape[1]
+    return np.lib.stride_tricks.as_strided(x, shape=(span,), strides=(4,))
+
+
+@njit(inline="always")
+def _swiglu_row(gate, g0, up, u0, out_row):  # pragma: no cover - compiled
+    n = out_row.shape[0]
+    gate, up = gate[g0:g0 + n], up[u0:u0 + n]   # (an index g0 + j would block SIMD)
+    for j in range(n):
+        g = gate[j]
+        out_row[j] = g / (np.float32(1.0) + expf(-g)) * up[j]
+
+
+# error_model="numpy": without it numba guards every division against zero (Python's
+# ZeroDivisionError), and that branch kept the loop scalar: 17 us instead of 2 per row.
+@njit(cache=True, parallel=True, error_model="numpy")
+def _swiglu(gate, gate_row, up, up_row, out):  # pragma: no cover - compiled
+    """out[i, j] = silu(gate[i * gate_row + j]) * up[i * up_row + j], rows in parallel."""
+    for i in prange(out.shape[0]):
+        _swiglu_row(gate, i * gate_row, up, i * up_row, out[i])
+
+
+@njit(cache=True, error_model="numpy")
+def _swiglu_one(gate, up, out):  # pragma: no cover - compiled
+    """One row (decode): waking the thread pool would cost more than the row (~2 us)."""
+    _swiglu_row(gate, 0, up, 0, out[0])
+
+
+# e^x = 2^n e^r with n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI = np.float32(0.693145751953125)        # 15 significant bits: n * _LN2_HI is exact
+_LN2_LO = np.float32(1.4286068203094172e-06)   # ln 2 - _LN2_HI
+_ROUNDER = np.float32(12582912.0 + 126.0)      # 1.5 * 2^23 (+126: the exponent bias - 1)
+
+
+@njit(inline="always")
+def expf(x):  # pragma: no cover - compiled
+    """e^x for a float32, in straight-line float32 code that LLVM vectorizes inside a
+    loop.  numba's `np.exp` is a libm call per element, which no loop vectorizes:
+    1M elements took 4.2 ms with it, 0.35 ms with this (one thread).
+
+    Within 1 ulp of the correctly rounded result (tests/test_ops.py checks every
+    float32 step from -87 to 88.7).  ggml's softmax and SiLU use a vectorized exp of
+    their own (`ggml_v_expf`), not libm's, so neither is llama.cpp's to the bit.
+    Below -86.5 (e^x < 3e-38, the float32 normal range's end) it returns 0, above
+    88.72 inf; NaN stays NaN.
+
+    Range reduction: adding 1.5 * 2^23 rounds x / ln 2 to the integer n in the low
+    mantissa bits of t (no float -> int conversion, which LLVM leaves undefined for
+    NaN); shifted left by 23 they are 2^(n-1)'s exponent.  e^r is its Taylor series to
+    r^7 (truncation < 6e-9 relative on |r| <= ln2/2)."""
+    t = x * _LOG2E + _ROUNDER
+    n = t - _ROUNDER                                          # round(x / ln 2), a float
+    r = (x - n * _LN2_HI) - n * _LN2_LO
+    p = np.float32(1.0 / 5040.0)
+    p = p * r + np.float32(1.0 / 720.0)
+    p = p * r + np.float32(1.0 / 120.0)
+    p = p * r + np.float32(1.0 / 24.0)
+    p = p * r + np.float32(1.0 / 6.0)
+    p = p * r + np.float32(0.5)
+    p = p * r + np.float32(1.0)
+    p = p * r + np.float32(1.0)
+    half_scale = u32_as_f32(f32_as_u32(t) << np.uint32(23))   # 2^(n-1)
+    y = p * half_scale * np.float32(2.0)
+    if x < np.float32(-86.5):
+        y = np.float32(0.0)
+    if x > np.float32(88.72):
+        y = np.float32(np.inf)
+    return y

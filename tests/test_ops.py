@@ -42,6 +42,64 @@ def test_rope_scores_depend_only_on_relative_position(style):
     assert abs(qr[10, 0] @ kr[7, 0] - qr[10, 0] @ kr[5, 0]) > 1e-3  # another gap, another score
 
 
+def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in float32 units in the last place (a, b finite and of one sign)."""
+    return np.abs(a.view(np.int32).astype(np.int64) - b.view(np.int32).astype(np.int64))
+
+
+def test_expf_is_within_one_ulp_of_the_correctly_rounded_exp():
+    from numba import njit
+
+    @njit
+    def exp_all(x, out):
+        for j in range(x.shape[0]):
+            out[j] = ops.expf(x[j])
+
+    # every 61st float32 from -0 down to -86.5 and from 0 up to 88.72: ~36 M values
+    neg = np.arange(np.float32(-0.0).view(np.uint32), np.float32(-86.5).view(np.uint32),
+                    61, dtype=np.uint32).view(np.float32)
+    pos = np.arange(0, np.float32(88.72).view(np.uint32), 61,
+                    dtype=np.uint32).view(np.float32)
+    x = np.concatenate([neg, pos])
+    got = np.empty_like(x)
+    exp_all(x, got)
+    want = np.exp(x.astype(np.float64)).astype(np.float32)  # correctly rounded
+    ulps = _ulps(got, want)
+    assert ulps.max() <= 1
+    assert (ulps > 0).mean() < 0.02
+    special = np.array([np.nan, -np.inf, np.inf, -100.0, -86.6, 88.8, 0.0], np.float32)
+    out = np.empty_like(special)
+    exp_all(special, out)
+    assert np.isnan(out[0])
+    np.testing.assert_array_equal(out[1:], [0.0, np.inf, 0.0, 0.0, np.inf, 1.0])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 256])
+def test_swiglu_on_the_column_views_of_a_fused_product(rows):
+    y = (rng.standard_normal((rows, 2 * 96)) * 6).astype(np.float32)
+    gate, up = np.split(y, [96], axis=1)            # views, as FusedLinear returns them
+    g64 = gate.astype(np.float64)
+    want = g64 / (1 + np.exp(-g64)) * up
+    np.testing.assert_allclose(ops.swiglu(gate, up), want, rtol=1e-6, atol=1e-30)
+    np.testing.assert_allclose(ops.swiglu(gate[0], up[0]), want[0], rtol=1e-6)  # 1-D
+
+
+def test_f16_store_and_load_equal_numpys_conversion():
+    from fucina_course.kv_cache import load_f16, store_f16
+
+    x = np.concatenate([rng.standard_normal(4088) * 10.0 ** rng.integers(-9, 6, 4088),
+                        [65504.0, 65520.0, -1e6, 6e-8, 2e-8, -0.0, np.inf, np.nan]]
+                       ).astype(np.float32).reshape(-1, 4, 8)
+    out = np.zeros(x.shape, np.float16)
+    store_f16(out, x)
+    with np.errstate(over="ignore"):                 # 65520 and -1e6 round to inf
+        want = x.astype(np.float16)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+    np.testing.assert_array_equal(load_f16(out), out.astype(np.float32))
+    with pytest.raises(ValueError):
+        store_f16(out[:, ::2], x[:, ::2])
+
+
 def test_attention_over_one_position_returns_v():
     q = rng.standard_normal((1, 4, 32)).astype(np.float32)
     v = rng.standard_normal((1, 2, 32)).astype(np.float32)

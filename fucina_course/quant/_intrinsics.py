@@ -1,4 +1,4 @@
-"""Four tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
+"""Five tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
 
 * `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba
   cannot take `float16` arrays in CPU kernels, so the kernels read a half as two bytes
@@ -6,8 +6,8 @@
   `fptrunc float -> half` (round to nearest even, exactly like numpy's
   `astype(np.float16)` and like ggml's F16C path), which LLVM lowers to
   `vcvtph2ps`/`vcvtps2ph` (or the AVX512-FP16 scalar forms) and vectorizes inside loops.
-* `u32_as_f32(bits)`: reinterpret a uint32 as float32 (BF16 -> f32 is
-  `u32_as_f32(u16 << 16)`).
+* `u32_as_f32(bits)` / `f32_as_u32(x)`: reinterpret a uint32 as float32 and back
+  (BF16 -> f32 is `u32_as_f32(u16 << 16)`; ops.expf builds 2^n from the bits).
 * `prefetch(array_1d, index)`: `llvm.prefetch` of the cache line holding
   `array_1d[index]`.  The address may lie past the end of the array: a prefetch never
   faults.  Software prefetch lifts the matvec kernels from ~7.5 to ~16 GB/s on a
@@ -100,5 +100,18 @@ def u32_as_f32(typingctx, bits):
         elif v.type.width < 32:
             v = builder.zext(v, _I32)
         return builder.bitcast(v, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_as_u32(typingctx, x):
+    """The 32 bits of float32 `x` as a uint32 (no conversion)."""
+    if x != types.float32:
+        return None
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], _I32)
 
     return sig, codegen
