@@ -95,13 +95,14 @@ def causal_attention(q, k, v, q_pos0: int, scale: float) -> np.ndarray:
     """
     n, n_heads, d = q.shape
     ctx, n_kv, _ = k.shape
+    g = n_heads // n_kv                                 # query heads per KV head
     qg = by_kv_head_f16(q, n_kv)   # [kv, n*g, d]: row i*g + j is query i, head kv*g + j
     kt = by_kv_head_f16(k, n_kv)                                          # [kv, ctx, d]
     vt = by_kv_head_f16(v, n_kv)                                          # [kv, ctx, d]
-    scores = np.matmul(qg, kt.transpose(0, 2, 1))                  # [kv, n*g, ctx]
-    _causal_softmax_f16(scores, n_heads // n_kv, q_pos0, np.float32(scale))
-    out = np.matmul(scores, vt)                                     # [kv, n*g, d]
-    out = out.reshape(n_kv, n, n_heads // n_kv, d).transpose(1, 0, 2, 3)  # [n, kv, g, d]
+    scores = np.matmul(qg, kt.transpose(0, 2, 1))                       # [kv, n*g, ctx]
+    _causal_softmax_f16(scores, g, q_pos0, np.float32(scale))  # -> probabilities
+    out = np.matmul(scores, vt)                                           # [kv, n*g, d]
+    out = out.reshape(n_kv, n, g, d).transpose(1, 0, 2, 3)            # [n, kv, g, d]
     return out.reshape(n, n_heads * d)                                    # [n, H*d]
 
 
