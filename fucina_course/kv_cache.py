@@ -163,7 +163,7 @@ class KvCache:
         self.check_room(n)
         rows = slice(self.len, self.len + n)
         if self.k_scale is None:
-            store_f16(self.k[layer][rows], k)             # self.k[layer][rows] = k
+            store_f16(self.k[layer][rows], k)  # as self.k[layer][rows] = k, but faster
             store_f16(self.v[layer][rows], v)
         else:
             self.k[layer][rows], self.k_scale[layer][rows] = quantize_q8_0_rows(k)
