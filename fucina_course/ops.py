@@ -92,10 +92,6 @@ def _rope(x, cos, sin, neox, out):  # pragma: no cover - compiled
                 out[t, h, ib] = a * sin[t, i] + b * cos[t, i]
 
 
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
-
-
 def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     """silu(gate) * up: the gate decides, per channel, how much of `up` passes.
 
