@@ -28,8 +28,12 @@ def _ids(model, n: int, seed: int) -> list[int]:
 
 
 def time_prefill(model, n_tokens: int, *, cache_type: str = "f16",
-                 repeats: int = 3) -> float:
-    """Median seconds of one n-token prefill into a fresh cache."""
+                 repeats: int = 3, best: bool = False) -> float:
+    """Median (best=True: shortest) seconds of one n-token prefill into a fresh cache.
+
+    The chapters take the shortest: on a shared machine noise only ever slows a run
+    down, and a chapter's assertion about the machine must not fail on a stall (a
+    64-token prefill once measured 80 instead of ~220 tokens/s in CI, 2026-12-01)."""
     ids = _ids(model, n_tokens, n_tokens)
     times = []
     for _ in range(repeats):
@@ -37,13 +41,13 @@ def time_prefill(model, n_tokens: int, *, cache_type: str = "f16",
         t = time.perf_counter()
         model.forward_step(ids, 0, cache)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times) if best else statistics.median(times)
 
 
 def time_decode(model, n_tokens: int, *, cache_type: str = "f16", repeats: int = 3,
-                streams: int = 1) -> float:
-    """Median seconds to decode n tokens one at a time from position 0 (per stream, in
-    lockstep)."""
+                streams: int = 1, best: bool = False) -> float:
+    """Median (best=True: shortest, see `time_prefill`) seconds to decode n tokens one
+    at a time from position 0 (per stream, in lockstep)."""
     ids = _ids(model, n_tokens, 7)
     times = []
     for _ in range(repeats):
@@ -55,7 +59,7 @@ def time_decode(model, n_tokens: int, *, cache_type: str = "f16", repeats: int =
             else:
                 model.forward_step_batch([tok] * streams, caches)
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times) if best else statistics.median(times)
 
 
 def run(model, *, pp=(16, 64, 256), tg: int = 128, cache_type: str = "f16", repeats: int = 3,
