@@ -32,8 +32,9 @@ def time_prefill(model, n_tokens: int, *, cache_type: str = "f16",
     """Median (best=True: shortest) seconds of one n-token prefill into a fresh cache.
 
     The chapters take the shortest: on a shared machine noise only ever slows a run
-    down, and a chapter's assertion about the machine must not fail on a stall (a
-    64-token prefill once measured 80 instead of ~220 tokens/s in CI, 2026-12-01)."""
+    down, and a chapter's assertion about the machine must not fail on a stall (CI,
+    2026-12-01: a 64-token prefill at 80 tokens/s, ~90 from OpenBLAS spinning after
+    numpy was imported first, the rest a busy moment; ~210 normally)."""
     ids = _ids(model, n_tokens, n_tokens)
     times = []
     for _ in range(repeats):
