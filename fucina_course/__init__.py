@@ -42,9 +42,8 @@ prefill alternates BLAS GEMMs (attention) with numba kernels: the spinning worke
 half of the 2 cores from them (Qwen3-0.6B-geometry Q4_K, pp64: 104 tok/s with the
 default, 174 with a short timeout; docs/BENCHMARKS.md). OpenBLAS reads the variable
 once, when numpy loads it: in a notebook that imported numpy (or numba) first it has no
-effect (same results, only speed differs; the matmul paths then assume spinning
-workers).  Import fucina_course first: Qwen2.5-Coder pp64 ran at 91 tokens/s after
-`import numpy`, 209 without it (2026-12-01).
+effect (same results, only speed differs).  Import fucina_course first: Qwen2.5-Coder's
+pp64 ran at 91 tokens/s after `import numpy`, 209 without it (2026-12-01).
 
 It also asks glibc's malloc to keep freed memory for reuse (`_keep_freed_memory`):
 a prefill allocates and frees arrays of a few MB per operation, and by default glibc
@@ -54,12 +53,7 @@ On this VM one attention layer of a 256-token prefill took ~1,500 page faults, a
 """
 
 import os as _os
-import sys as _sys
 
-# The environment OpenBLAS read: numpy loads it once, so if numpy came before this
-# package our default below came too late (quant.matmul.openblas_workers_spin reads
-# this; None: numpy loads later and sees os.environ).
-_ENV_SEEN_BY_OPENBLAS = dict(_os.environ) if "numpy" in _sys.modules else None
 _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 

@@ -866,24 +866,6 @@ def test_openblas_spin_rule():
     assert spin({"OPENBLAS_NUM_THREADS": "2", "OMP_NUM_THREADS": "1"})
 
 
-def test_openblas_spin_knows_when_numpy_came_first():
-    """fucina_course's OPENBLAS_THREAD_TIMEOUT default only reaches OpenBLAS if numpy
-    loads after it; imported after numpy, the matmul paths must assume spinning workers."""
-    code = ("{first}\nimport importlib\n"
-            "m = importlib.import_module('fucina_course.quant.matmul')\n"
-            "print(m.openblas_workers_spin())")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("OPENBLAS_THREAD_TIMEOUT", "GOTO_THREAD_TIMEOUT",
-                        "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")}
-    seen = {}
-    for first in ("import numpy", "import fucina_course"):
-        out = subprocess.run([sys.executable, "-c", code.format(first=first)], env=env,
-                             capture_output=True, text=True, timeout=300)
-        assert out.returncode == 0, out.stderr
-        seen[first] = out.stdout.split()[-1]
-    assert seen == {"import numpy": "True", "import fucina_course": "False"}
-
-
 def test_matmul_large_tiles():
     # more rows than one dequantized tile holds, and a row count not a tile multiple
     rng = np.random.default_rng(6)

@@ -58,21 +58,16 @@ from .matvec import KERNELS as _MV_KERNELS
 from .matvec import kernel_for, matvec_quantized
 
 
-def openblas_workers_spin(env=None) -> bool:
+def openblas_workers_spin(env=os.environ) -> bool:
     """True if OpenBLAS (numpy's BLAS) keeps its worker threads busy-waiting after each
     multi-threaded call: its default, `thread_timeout` = 2^28 cycles (~0.1 s), unless
     the process started with OPENBLAS_THREAD_TIMEOUT (or GOTO_THREAD_TIMEOUT) <= 20 or
-    with one BLAS thread.  OpenBLAS reads these once, when numpy loads it; `env`
-    (default) is the environment it saw then: os.environ, or the copy fucina_course
-    took on import if numpy was already loaded (its OPENBLAS_THREAD_TIMEOUT too late).
+    with one BLAS thread.  OpenBLAS reads these once, when numpy loads it.
 
     A numba kernel running in that window shares a core with the spinner: a Q4_K m=64
     call right after a threaded sgemm took 3.3 ms instead of 1.6, and pp64 with the rows
     kernels ran at 100-110 tok/s instead of 181 (docs/BENCHMARKS.md#openblas-spin).
     """
-    if env is None:
-        from .. import _ENV_SEEN_BY_OPENBLAS
-        env = os.environ if _ENV_SEEN_BY_OPENBLAS is None else _ENV_SEEN_BY_OPENBLAS
     for name in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
         v = env.get(name, "").strip()
         if v:
