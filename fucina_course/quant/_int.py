@@ -8,11 +8,11 @@ keeps the function addresses.  One numba kernel runs them all, `run`: every quan
 format, at every level, for matvec and matmul, so a first start compiles one numba
 kernel however many formats a file holds (cached on disk like every numba kernel).
 
-`run` prepares the activations once per call (rows in parallel: a 256-row Q4_K prep,
-the nibble-ordered copy, serial had cost ~7% of the matmul, 3 of 3 A/B runs), then
-`prange`s over chunks of ROWS weight rows and calls the level's function for each chunk.  It takes all parts of a
-MultiMatrix (q/k/v, gate/up) in one call: one parallel region and one activation pass
-instead of three.
+`run` prepares the activations once per call (a matmul's rows in parallel: a 256-row
+Q4_K prep, the nibble-ordered copy, had cost ~7% of the matmul serially, 3 of 3 A/B
+runs), then `prange`s over chunks of ROWS weight rows and calls the level's function
+for each chunk.  It takes all parts of a MultiMatrix (q/k/v, gate/up) in one call: one
+parallel region and one activation pass instead of three.
 """
 
 from __future__ import annotations
