@@ -734,6 +734,29 @@ def test_int_extreme_quants_and_activations(t, int_level):
             assert_close(matvec(w, x), ref, 1e-5, magnitude(w, qa), t.name, hex(fill))
 
 
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_K], ids=lambda t: t.name)
+def test_k_quant_kernels_identical_at_every_int_level(t, monkeypatch):
+    # Q4_K/Q5_K end each super-block in exact integer totals and do the same float
+    # operations on them at every level (_int_matvec.q4k_row), so the integer levels
+    # agree bit for bit, for matvec and for the multi-row kernels (full and partial
+    # tiles).  A level that went back to lane-wise float work would fail here.
+    levels = [lv for lv in INT_LEVELS if lv in isa.USABLE]
+    if len(levels) < 2:
+        pytest.skip("one integer level on this CPU")
+    rng = np.random.default_rng(3)
+    n_out, n_in = 45, 5 * 256
+    w = QuantMatrix(make_weights(t, n_out, n_in, seed=7), t, n_out, n_in)
+    X = (rng.standard_normal((19, n_in)) * 2).astype(np.float32)
+    got = {}
+    for lv in levels:
+        monkeypatch.setattr(isa, "level", lv)
+        got[lv] = (matvec(w, X[3]), matmul(w, X, path="rows"))
+    for lv in levels[1:]:
+        assert np.array_equal(got[lv][0], got[levels[0]][0]), (t.name, lv)
+        assert np.array_equal(got[lv][1], got[levels[0]][1]), (t.name, lv)
+    assert np.array_equal(got[levels[0]][1][3], got[levels[0]][0])
+
+
 @pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
 def test_int_and_generic_kernels_agree(t, int_level, monkeypatch):
     # model-sized rows, row counts not a multiple of the 16-row chunks, odd block counts

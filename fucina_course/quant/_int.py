@@ -26,7 +26,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _jit
-from ._int_matmul import tile_function, tile_prep_function
+from ._int_matmul import tile_function, tile_prep_function, tile_side_function
 from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
                           row_function)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
@@ -55,7 +55,8 @@ class IntKernels:
         define_prep(mod, prep_mv, prep_function(t, lv) or _no_prep)
         define_matvec(mod, matvec, row_function(t, lv), bpb, PREFETCH)
         define_prep(mod, prep_mm, tile_prep_function(t, lv) or _no_prep)
-        define_matmul(mod, matmul, tile_function(t, lv), bpb, PREFETCH)
+        define_matmul(mod, matmul, tile_function(t, lv), bpb, PREFETCH,
+                      tile_side_function(t, lv))
 
     @property
     def cached(self) -> bool:

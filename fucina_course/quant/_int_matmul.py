@@ -6,12 +6,13 @@ and unpacked once, then multiplied with every row of the tile, so a weight row s
 from memory once per tile instead of once per row.  That took short prefill (pp16, Q4_K)
 from 40 to 165 tok/s (avx512vnni, 2026-11-29, docs/BENCHMARKS.md#multi-row-kernels).
 
-Per activation row the float work is the one-row builder's, instruction for instruction
-(same lanes, same `d * float(lane)` fma per block, same final tree sum), and the integer
-lane sums are equal, so row i of the result is bit-identical to `matvec` of row i at
-the same level (tests/test_quant.py asserts equality): N streams decoded as one batch
-give exactly the tokens of N single decodes.  What differs is where the formats with an
-offset (u = q + off) correct their lanes:
+Per activation row the float work is the one-row builder's, operation for operation
+(same lanes, same `d * float(lane)` fma per block, same final tree sum; for Q4_K / Q5_K
+the same fma on each super-block's integer totals, done for the 8 rows as the 8 lanes
+of one vector), and the integer sums are equal, so row i of the result is bit-identical
+to `matvec` of row i at the same level (tests/test_quant.py asserts equality): N streams
+decoded as one batch give exactly the tokens of N single decodes.  What differs is
+where the formats with an offset (u = q + off) correct their lanes:
 
     one-row:  lane = dpbusd(xoff, u, x)        xoff = -off * (sum of the lane's 4 x)
     tile:     lane = dpbusd(init, x ^ 0x80, q)  q = u - off signed, x + 128 unsigned,
@@ -35,41 +36,67 @@ from llvmlite import ir
 from . import isa
 from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
                           blk32_signed, prep_interleave, prep_xor80, q4k_d_dmin,
-                          q4k_dot, q4k_min_words, q4k_quants, q4k_scale_words,
-                          q4k_scales, q4k_x, q5k_high_bits, q6k_pair_scales, q6k_quants,
-                          q6k_scale_words, q6k_scales, unsigned_offset)
-from ._ir import (F32, I8, I16, I32, V, abs_sign, block_at, by_halves, const_vec, dot4,
-                  dpbusd,
-                  dpwssd, fma, fold16, for_range, hsum_f32, i64, ld, load, load_f16,
-                  packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat, st)
+                          q4k_dot, q4k_quants, q4k_scale_words, q4k_scales, q4k_x,
+                          q5k_high_bits, q6k_pair_scales, q6k_quants, q6k_scale_words,
+                          q6k_scales, unsigned_offset)
+from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
+                  const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
+                  i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
+                  splat, sum_rows)
 from .formats import FORMATS
+
+
+def q4k_tile_side(b, nblk):
+    """Once per tile, for `define_matmul`: the 8 rows' Q8_K scales d_x and bsum32 pairs
+    transposed to lane = row, dx[i] <8 x f32> and bs[i][p] <8 x i32> = (bsum_2p,
+    bsum_2p+1) as int16 words (|bsum32| <= 32 * 128), so q4k_rows loads each with
+    one instruction instead of gathering 8 rows (on the stack: 160 bytes per
+    super-block)."""
+    dxt = b.alloca(F32, size=b.mul(nblk, i64(8)))
+    bst = b.alloca(I32, size=b.mul(nblk, i64(32)))
+
+    def fill(b, tile, rows):
+        # rows past a partial tile's end get zeros (not stale stack bytes: a
+        # denormal there made every fma of the tile take a microcode assist, 10x)
+        for k in range(rows.n):
+            valid = b.icmp_signed("<", i64(k), tile.nr)
+            _, xd, xbs, _ = tile.ptrs(b, b.select(valid, i64(k), i64(0)))
+            with for_range(b, i64(0), nblk) as i:
+                dx = load(b, xd, b.mul(i, i64(4)), F32)
+                b.store(b.select(valid, dx, ir.Constant(F32, 0.0)),
+                        b.gep(dxt, [b.add(b.mul(i, i64(8)), i64(k))]))
+                bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
+                pairs = b.bitcast(b.trunc(bs, V(I16, 8)), V(I32, 4))
+                for p in range(4):
+                    v = b.extract_element(pairs, ir.Constant(I32, p))
+                    b.store(b.select(valid, v, ir.Constant(I32, 0)),
+                            b.gep(bst, [b.add(b.mul(i, i64(32)), i64(8 * p + k))]))
+        tile.side = (dxt, bst)
+    return fill
 
 
 def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
     """q4k_row for a tile: the quants, scales and mins of each super-block are unpacked
-    once, then each row does its integer dot products (lanes as in q4k_row) and its
-    two float accumulations exactly as q4k_row does.  The rows' 8-lane mins
-    accumulators live in memory (volatile): all in registers, LLVM spilled constants
-    in the loop and Q4_K streamed 15.4 -> 13.3 GB/s at m = 2
-    (docs/BENCHMARKS.md#multi-row-kernels)."""
+    once, then each row does its integer dot products (lanes as in q4k_row).  The
+    rows' per-block totals are then made lane k = row k (isum by `sum_rows`, msum
+    from the transposed bsums of `q4k_tile_side`), so q4k_row's float work is done for
+    the 8 rows at once: lane k does exactly row k's q4k_row operations, in order."""
+    assert rows.n == 8, rows.n
     bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
     nl = width // 32
     zero = ir.Constant(V(I32, nl), None)
-    acc = rows.acc(b, V(F32, nl))
-    accm = rows.acc(b, V(F32, 8), memory=True)
     sums = rows.acc(b, V(I32, nl))
-
-    def init(r, k):
-        b.store(ir.Constant(V(F32, nl), None), acc(b, k))
-        st(b, ir.Constant(V(F32, 8), None), accm(b, k))
-    rows.each(b, init)
+    for k in range(rows.n):           # rows past a partial tile's end keep these
+        b.store(zero, sums(b, k))
+    acc_i = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    acc_m = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    dxt, bst = tile.side
     with for_range(b, i64(0), nsb) as i:
         p = block_at(b, w, i, bpb, pf, 3)
         qhh = q5k_high_bits(b, p, width) if five else None
         raw16 = load(b, p, None, V(I8, 16))
         ddw = q4k_d_dmin(b, raw16)
         sm = q4k_scales(b, raw16)
-        mw = q4k_min_words(b, sm)
         nvec = 1024 // width
         los, his, scs = [], [], []
         for j in range(nvec):
@@ -83,19 +110,6 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
             x, _, _, s = tile.ptrs(b, r)
             return s if width == 512 else x   # zmm: the nibble-ordered copy
 
-        def floats(r, k, sumi):
-            _, xd, xbs, _ = tile.ptrs(b, r)
-            xs = load(b, xd, b.mul(i, i64(4)), F32)
-            dd = b.fmul(ddw, splat(b, xs, 2))
-            d = b.extract_element(dd, ir.Constant(I32, 0))
-            dmin = b.extract_element(dd, ir.Constant(I32, 1))
-            bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
-            msum = pmaddwd(b, mw, bs)
-            pm = accm(b, k)
-            st(b, fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), ld(b, pm)), pm)
-            pa = acc(b, k)
-            b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), b.load(pa)), pa)
-
         # one quant vector pair at a time across the rows (fewer live registers than
         # row by row: the same on avx512vnni, ~3% faster on avx2's 16 ymm registers)
         for j in range(nvec):
@@ -105,14 +119,25 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
                 b.store(q4k_dot(b, level, prev, los[j], his[j], xlo, xhi, scs[j]),
                         sums(b, k))
             rows.each(b, dot)
-        rows.each(b, lambda r, k: floats(r, k, b.load(sums(b, k))))
 
-    def result(r, k):
-        a = b.load(acc(b, k))
-        if nl == 16:
-            a = fold16(b, a)
-        return hsum_f32(b, b.fsub(a, ld(b, accm(b, k))))
-    rows.finish(b, result)
+        isum = sum_rows(b, [b.load(sums(b, k)) for k in range(8)])
+        mins = b.bitcast(b.zext(shuffle(b, sm, sm, range(8, 16)), V(I16, 8)), V(I32, 4))
+        msum = None
+        for q in range(4):            # mins (m_2q, m_2q+1) . the rows' bsum pairs
+            mq = b.bitcast(splat(b, b.extract_element(mins, ir.Constant(I32, q)), 8),
+                           V(I16, 16))
+            bq = load(b, b.bitcast(bst, I8.as_pointer()),
+                      b.mul(b.add(b.mul(i, i64(4)), i64(q)), i64(32)), V(I16, 16))
+            t = pmaddwd(b, mq, bq)
+            msum = t if msum is None else b.add(msum, t)
+        dx = load(b, b.bitcast(dxt, I8.as_pointer()), b.mul(i, i64(32)), V(F32, 8))
+        d = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 0)), 8), dx)
+        dmin = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 1)), 8), dx)
+        b.store(fma(b, d, b.sitofp(isum, V(F32, 8)), b.load(acc_i)), acc_i)
+        b.store(fma(b, dmin, b.sitofp(msum, V(F32, 8)), b.load(acc_m)), acc_m)
+
+    y = b.fsub(b.load(acc_i), b.load(acc_m))
+    rows.finish(b, lambda r, k: b.extract_element(y, ir.Constant(I32, k)))
 
 
 def _offset_init(b, u, off, level):
@@ -301,6 +326,11 @@ def tile_function(t, level):
     if t == T.Q6_K:
         return lambda b, w, n, tile, pf, rows: q6k_rows(b, w, n, tile, pf, rows, level)
     return lambda b, w, n, tile, pf, rows: blk32_rows(b, w, n, tile, pf, rows, level, t)
+
+
+def tile_side_function(t, level):
+    """The `tile_side` argument of define_matmul for (t, level), or None."""
+    return q4k_tile_side if t in (T.Q4_K, T.Q5_K) else None
 
 
 def tile_prep_function(t, level):

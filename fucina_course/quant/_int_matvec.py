@@ -31,10 +31,13 @@ exceed 2^15 - 1, which decides how each format is fed:
   trick: |q| times x with q's sign (`abs_sign`; at most 128 * 127 * 2 = 32512).
 * Q4_1 / Q5_1: unsigned quants and no offset: lane = the dot product; `m_w * s_x` per
   block into a second float accumulator.
-* Then per (super-)block `acc += d * float(lane)` lane-wise, d = f16(d_w) * d_x (ggml's
-  `_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc)`), and one tree sum per row.
-  Integer sums are exact; only the order of float additions differs from llama.cpp (and
-  from one level to another: the lanes group the products differently).
+* Then, for the 32-element formats and Q6_K, per (super-)block `acc += d * float(lane)`
+  lane-wise, d = f16(d_w) * d_x (ggml's `_mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi),
+  acc)`), and one tree sum per row.  Integer sums are exact; only the order of float
+  additions differs from llama.cpp (and from one level to another: the lanes group the
+  products differently).  Q4_K / Q5_K instead sum each super-block's lanes to exact
+  integer totals first (`q4k_row`): their float work is the same at every level, and a
+  tile of rows does it for 8 rows in one vector.
 
 `ROW_BUILDERS` (end of file) says which builder each (format, level) uses; _int.py
 turns them into kernels.
@@ -48,7 +51,8 @@ from llvmlite import ir
 from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
                   dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
-                  load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat)
+                  load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat,
+                  sum_each)
 from .formats import FORMATS
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
@@ -218,29 +222,38 @@ def q4k_x(b, x, xo, j, width):
 
 def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
     """Q4_K (five: Q5_K) row . Q8_K activations, on zmm (width 512: x is the permuted
-    copy in s) or ymm (256)."""
+    copy in s) or ymm (256).
+
+    Per super-block the integer work ends in two exact totals, isum = sum_s sc_s *
+    (q_s . x_s) and msum = sum_s m_s * bsum_s, and the float work is one fma on the
+    pair: (acc, accm) += (d_w, dmin_w) * d_x * (isum, msum); the row is acc - accm.
+    Why totals and not lanes (ggml's `acc += d * float(sumi)` on 8 lanes): a tile of
+    activation rows (_int_matmul.q4k_rows) can then do its float work for 8 rows in
+    one vector, where per-row lane-wise float work had cost as much as the integer
+    products (Q4_K prefill at m = 256, same process, old -> new: avx512vnni
+    1.12-1.21x, avxvnni 1.28-1.36x, avx2 1.20-1.24x;
+    docs/BENCHMARKS.md#per-block-totals).  Decode pays a horizontal sum per
+    super-block: 5-12% slower with the matrix in cache, the same within noise over a
+    whole model's weights (the sweep, mostly from DRAM).  Both kernels do the same
+    float operations per output, so a row of a matmul equals its matvec bit for bit,
+    and every integer level gives the same result.  |isum| < 256 * 31 * 127 * 63 <
+    2^26: exact in int32; its float rounds alike in both."""
     bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
     if width == 512:
         x = s
     nl = width // 32                       # int32 lanes
     zero = ir.Constant(V(I32, nl), None)
-    acc_p = alloca(b, V(F32, nl), ir.Constant(V(F32, nl), None))
-    accm_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    acc_p = alloca(b, V(F32, 2), ir.Constant(V(F32, 2), None))
     with for_range(b, i64(0), nsb) as i:
         p = block_at(b, w, i, bpb, pf, 3)
         xs = load(b, xd, b.mul(i, i64(4)), F32)
         qhh = q5k_high_bits(b, p, width) if five else None
         raw16 = load(b, p, None, V(I8, 16))
         dd = b.fmul(q4k_d_dmin(b, raw16), splat(b, xs, 2))
-        d = b.extract_element(dd, ir.Constant(I32, 0))
-        dmin = b.extract_element(dd, ir.Constant(I32, 1))
         sm = q4k_scales(b, raw16)
-        # mins: sum_s m_s * bsum32_s, 8 lanes, accumulated as float with dmin
-        mw = q4k_min_words(b, sm)
-        bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
-        msum = pmaddwd(b, mw, bs)
-        accm = b.load(accm_p)
-        b.store(fma(b, splat(b, dmin, 8), b.sitofp(msum, V(F32, 8)), accm), accm_p)
+        # mins: sum_s m_s * bsum32_s
+        msum = pmaddwd(b, q4k_min_words(b, sm), load(b, xbs, b.mul(i, i64(32)),
+                                                     V(I32, 8)))
         sumi = zero
         xo = b.mul(i, i64(256))
         for j in range(1024 // width):     # quant vectors per super-block
@@ -248,12 +261,11 @@ def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
             xlo, xhi = q4k_x(b, x, xo, j, width)
             sc = q4k_scale_words(b, level, sm, width, sub_lo, sub_hi)
             sumi = q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc)
-        acc = b.load(acc_p)
-        b.store(fma(b, splat(b, d, nl), b.sitofp(sumi, V(F32, nl)), acc), acc_p)
+        totals = b.sitofp(sum_each(b, [sumi, msum]), V(F32, 2))
+        b.store(fma(b, dd, totals, b.load(acc_p)), acc_p)
     acc = b.load(acc_p)
-    if nl == 16:
-        acc = fold16(b, acc)
-    return hsum_f32(b, b.fsub(acc, b.load(accm_p)))
+    return b.fsub(b.extract_element(acc, ir.Constant(I32, 0)),
+                  b.extract_element(acc, ir.Constant(I32, 1)))
 
 
 # --- Q6_K -----------------------------------------------------------------------------

@@ -196,6 +196,68 @@ def fold16(builder, v):
     return builder.fadd(lo, shuffle(builder, v, v, range(8, 16)))
 
 
+def _hadd_i32(builder, x, y):
+    """<8 x i32>: neighbouring lanes of x and y added, per 128-bit half (vphaddd's
+    pattern: [x0+x1, x2+x3, y0+y1, y2+y3, x4+x5, x6+x7, y4+y5, y6+y7])."""
+    return builder.add(shuffle(builder, x, y, [0, 2, 8, 10, 4, 6, 12, 14]),
+                       shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
+
+
+def sum_each(builder, vecs):
+    """<n x i32>, n = len(vecs) (2 or 8): lane k = the sum of the lanes of vecs[k]
+    (<8 x i32> each; <16 x i32> are folded to 8 first).  The sums are exact, so
+    their order is free: neighbouring lanes pairwise (two or three vphaddd-like
+    steps), then the two 128-bit halves."""
+    vs = []
+    for v in vecs:
+        if v.type.count == 16:
+            v = builder.add(shuffle(builder, v, v, range(8)),
+                            shuffle(builder, v, v, range(8, 16)))
+        vs.append(v)
+    if len(vs) == 2:
+        h = _hadd_i32(builder, vs[0], vs[1])
+        h = _hadd_i32(builder, h, h)
+        return _add_picks(builder, h, h, [0, 1], [4, 5])
+    assert len(vs) == 8, len(vs)
+    return sum_rows(builder, vecs)
+
+
+def _add_picks(builder, x, y, lo, hi):
+    return builder.add(shuffle(builder, x, y, lo), shuffle(builder, x, y, hi))
+
+
+def sum_rows(builder, vecs):
+    """<8 x i32>: lane k = the sum of the lanes of vecs[k], for 8 vectors of 8 or 16
+    int32 lanes (a tile's 8 rows).  A transposing tree: each step adds two picks of
+    two vectors, halving every vector's partial sums and pairing the vectors up, so
+    8 rows cost 14 shuffles on ymm and 16 on zmm, where vphaddd trees took 26 and 34
+    (shuffles all go to one port on AVX-512 cores: it was the kernel's bottleneck,
+    llvm-mca, docs/BENCHMARKS.md#per-block-totals)."""
+    n = vecs[0].type.count
+    r = range
+    if n == 16:
+        v = [_add_picks(builder, vecs[k], vecs[k + 1], [*r(8), *r(16, 24)],
+                        [*r(8, 16), *r(24, 32)]) for k in (0, 2, 4, 6)]
+        # [row k (8) | row k+1 (8)] -> [k, k+1, k+2, k+3] (4 each)
+        lo = [*r(4), *r(8, 12), *r(16, 20), *r(24, 28)]
+        v = [_add_picks(builder, v[k], v[k + 1], lo, [i + 4 for i in lo])
+             for k in (0, 2)]
+        # -> per 128 bits [row g (2), row g+4 (2)]
+        lo = [i for g in r(4) for i in (4 * g, 4 * g + 1, 16 + 4 * g, 17 + 4 * g)]
+        z = _add_picks(builder, v[0], v[1], lo, [i + 2 for i in lo])
+        return _add_picks(builder, z, z, [0, 4, 8, 12, 2, 6, 10, 14],
+                          [1, 5, 9, 13, 3, 7, 11, 15])
+    assert n == 8, n
+    # the network leaves input j in lane (0, 4, 1, 5, 2, 6, 3, 7)[j]: feed it so
+    vs = [vecs[k] for k in (0, 4, 1, 5, 2, 6, 3, 7)]
+    v = [_add_picks(builder, vs[k], vs[k + 1], [*r(4), *r(8, 12)],
+                    [*r(4, 8), *r(12, 16)]) for k in (0, 2, 4, 6)]
+    v = [_add_picks(builder, v[k], v[k + 1], [0, 1, 8, 9, 4, 5, 12, 13],
+                    [2, 3, 10, 11, 6, 7, 14, 15]) for k in (0, 2)]
+    return _add_picks(builder, v[0], v[1], [0, 2, 8, 10, 4, 6, 12, 14],
+                      [1, 3, 9, 11, 5, 7, 13, 15])
+
+
 def fma(builder, a, b, c):
     n = a.type.count
     return call(builder, f"llvm.fma.v{n}f32", a.type, a, b, c)
@@ -249,27 +311,41 @@ def define_matvec(mod, name, row, bpb, pf):
     b.ret_void()
 
 
-def define_matmul(mod, name, tile_body, bpb, pf):
+def define_matmul(mod, name, tile_body, bpb, pf, tile_side=None):
     """void name(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst):
     for each tile of up to TILE activation rows and each weight row r in r0 .. r1,
     `tile_body(b, w_r, nblk, tile, pf, rows)` stores y[t, col + r] for the tile's rows.
     The tile loop is outside the row loop: a chunk of weight rows (a few KB) stays in
     L1 while the tiles pass over it.  (avx2, whose 16 ymm registers spill with 8 rows'
     accumulators, ran no faster with tiles of 4 or 6:
-    docs/BENCHMARKS.md#instruction-set-levels.)"""
+    docs/BENCHMARKS.md#instruction-set-levels.)
+
+    Full tiles run a copy of the body without the per-row `k < nr` branches (only a
+    last partial tile needs them): fewer instructions and free registers, ~5-10% on
+    Q4_K.  `tile_side(b, nblk)`, if given, returns a `fill(b, tile, rows)` that runs
+    once per tile before its weight rows and sets `tile.side` (data all weight rows
+    share, e.g. the rows' scales transposed)."""
     argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
     fn, b = _function(mod, name, argtys)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     nblk = b.udiv(rb, i64(bpb))
-    ntile = b.udiv(b.add(m, i64(TILE - 1)), i64(TILE))
-    with for_range(b, i64(0), ntile) as k:
-        t0 = b.mul(k, i64(TILE))
-        nr = b.sub(m, t0)
-        nr = b.select(b.icmp_signed("<", nr, i64(TILE)), nr, i64(TILE))
+    fill = tile_side(b, nblk) if tile_side is not None else None
+
+    def tile_rows(t0, nr, full):
+        tile = Tile(x, xst, xd, xdst, xs, xsst, s, sst, y, yst, t0, nr, None)
+        if fill is not None:
+            fill(b, tile, Rows(tile, full=full))
         with for_range(b, r0, r1) as r:
-            tile = Tile(x, xst, xd, xdst, xs, xsst, s, sst, y, yst, t0, nr,
-                        b.add(col, r))
-            tile_body(b, b.gep(w, [b.mul(r, rb)]), nblk, tile, i64(pf), Rows(tile))
+            tile.col = b.add(col, r)
+            tile_body(b, b.gep(w, [b.mul(r, rb)]), nblk, tile, i64(pf),
+                      Rows(tile, full=full))
+
+    nfull = b.udiv(m, i64(TILE))
+    with for_range(b, i64(0), nfull) as k:
+        tile_rows(b.mul(k, i64(TILE)), i64(TILE), True)
+    t0 = b.mul(nfull, i64(TILE))
+    with b.if_then(b.icmp_signed("<", t0, m)):
+        tile_rows(t0, b.sub(m, t0), False)
     b.ret_void()
 
 
@@ -324,6 +400,7 @@ class Tile:
         self.x, self.xst, self.xd, self.xdst = x, xst, xd, xdst
         self.xs, self.xsst, self.s, self.sst = xs, xsst, s, sst
         self.y, self.yst, self.t0, self.nr, self.col = y, yst, t0, nr, col
+        self.side = None
 
     def ptrs(self, b, r):
         """(x, xd, xs, s) i8* of tile row r (an i64 value)."""
@@ -344,29 +421,26 @@ class Rows:
     (row 0 always runs: nr >= 1), with per-row accumulators.  Only rows < nr are stored.
     Why unrolled and branch-guarded: docs/BENCHMARKS.md#multi-row-kernels."""
 
-    def __init__(self, tile, n=TILE):
-        self.tile, self.n = tile, n
+    def __init__(self, tile, n=TILE, full=False):
+        self.tile, self.n, self.full = tile, n, full
 
     def each(self, b, fn):
         """fn(r, k): r the tile row (an i64 constant), k its index (an int)."""
         for k in range(self.n):
             kc = i64(k)
-            if k == 0:
+            if k == 0 or self.full:
                 fn(kc, k)
             else:
                 with b.if_then(b.icmp_signed("<", kc, self.tile.nr), likely=True):
                     fn(kc, k)
 
-    def acc(self, b, ty, memory=False):
-        """Accumulator slots, acc(b, k) -> pointer: in registers (allocas that LLVM
-        promotes), or, with memory=True, in an array read and written through `ld` /
-        `st` as volatile (fewer registers for accumulators touched once per block)."""
-        if not memory:
-            slots = [alloca(b, ty) for _ in range(self.n)]
-            return lambda b, k: slots[k]
-        arr = alloca(b, ir.ArrayType(ty, self.n))
-        zero = ir.Constant(I32, 0)
-        return lambda b, k: _Slot(b.gep(arr, [zero, ir.Constant(I32, k)]))
+    def acc(self, b, ty):
+        """Accumulator slots, acc(b, k) -> pointer: allocas that LLVM promotes to
+        registers.  (Until the Q4_K tile kept its mins per row, those lived in
+        volatile memory slots: with them in registers LLVM spilled constants in the
+        loop; docs/BENCHMARKS.md#multi-row-kernels.)"""
+        slots = [alloca(b, ty) for _ in range(self.n)]
+        return lambda b, k: slots[k]
 
     def finish(self, b, fn):
         """fn(r, k) -> f32 result of row r; stored for the rows < nr."""
@@ -375,43 +449,3 @@ class Rows:
             v = fn(kc, k)
             with b.if_then(b.icmp_signed("<", kc, self.tile.nr), likely=True):
                 self.tile.store(b, kc, v)
-
-
-class _Slot:
-    """An accumulator kept in memory on purpose: `ld` / `st` make its loads and stores
-    volatile, so LLVM neither promotes it to a register nor drops the traffic."""
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-
-class _VolatileLoad(ir.instructions.LoadInstr):
-    def descr(self, buf):
-        [ptr] = self.operands
-        buf.append(f"load volatile {self.type}, {ptr.type} {ptr.get_reference()}, "
-                   f"align {self.align}\n")
-
-
-class _VolatileStore(ir.instructions.StoreInstr):
-    def descr(self, buf):
-        val, ptr = self.operands
-        buf.append(f"store volatile {val.type} {val.get_reference()}, {ptr.type} "
-                   f"{ptr.get_reference()}, align {self.align}\n")
-
-
-def ld(b, p):
-    if not isinstance(p, _Slot):
-        return b.load(p)
-    ins = _VolatileLoad(b.block, p.ptr, typ=p.ptr.type.pointee)
-    ins.align = 1
-    b._insert(ins)
-    return ins
-
-
-def st(b, v, p):
-    if not isinstance(p, _Slot):
-        return b.store(v, p)
-    ins = _VolatileStore(b.block, v, p.ptr)
-    ins.align = 1
-    b._insert(ins)
-    return ins
