@@ -160,18 +160,28 @@ class QuantizedActivations:
 
     `qi` int8[m, n] the quantized activations (read by the integer kernels) and `q`
     float32[m, n] the same small integers (read by the float kernels; made from `qi` on
-    first use and kept); `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
+    first use and kept; `q16` likewise as int16); `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
     `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`); `bsum32` int32[m, n/32]
     for Q8_K (sums of q per 32).  For F32/F16/BF16, `q` holds the (rounded) float
     activations and the other fields are None.
     """
 
-    __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi", "_side_bytes")
+    __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi", "_side_bytes", "_q16")
 
     def __init__(self, kind, q, d=None, s=None, bsum32=None, qi=None):
         self.kind, self._q, self.d, self.s = kind, q, d, s
         self.bsum32, self.qi = bsum32, qi
         self._side_bytes = None
+        self._q16 = None
+
+    @property
+    def q16(self) -> np.ndarray:
+        """`qi` widened to int16 (made on first use and kept): what the generic integer
+        kernels read (matvec._mv_q4_k), whose products LLVM then forms with vpmaddwd
+        straight from memory."""
+        if self._q16 is None:
+            self._q16 = self.qi.astype(np.int16)  # [m, n]
+        return self._q16
 
     @property
     def q(self) -> np.ndarray:

@@ -23,7 +23,9 @@ Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 * integer kernels (_int_matvec.py) for the quantized formats at the x86 levels of isa.py
   (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
 * float kernels (below), the "generic" level: every format on every CPU, the only ones
-  for F16, BF16 and F32.
+  for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
+  loops: its sub-block scales are integers, so a super-block needs one horizontal sum,
+  not one per 32 elements as the other formats would.)
 
 Float kernel shape: `prange` over chunks of ROWS output rows; per row one 32-lane
 float32 accumulator to which every block adds `scale * (float(q_w) * q_x)` lane-wise,
@@ -249,15 +251,22 @@ def _mv_q5_1(w, wf, xq, xd, xs, y):
 # --- Q8_K-activation formats (256-element super-blocks) -------------------------------
 
 @njit(parallel=True, fastmath=_FM, cache=True)
-def _mv_q4_k(w, wf, xq, xd, xs, y):
-    """FORMATS[Q4_K]: 144-byte blocks, d | dmin | scales[12] | qs[128]; xs = bsum32."""
+def _mv_q4_k(w, wf, x16, xd, xs, y):
+    """FORMATS[Q4_K]: 144-byte blocks, d | dmin | scales[12] | qs[128]; xs = bsum32;
+    x16 the quants as int16 (`QuantizedActivations.q16`), not floats.
+
+    Integer arithmetic, as the x86 kernels do it (_int_matvec.q4k_row): each
+    super-block ends in exact totals isum = sum_s sc_s (q . x)_s and msum = sum_s m_s
+    bsum_s, then one float fma each.  The int16 products become vpmaddwd (x86) or
+    smlal (ARM): 7.9 GB/s in cache against 5.9-6.5 for the float-lane form this
+    replaces (haswell code, same process, docs/BENCHMARKS.md#generic-integer-q4_k).
+    Int16 activations beat int8 (6.2-6.6 GB/s: LLVM widened each byte separately)."""
     n_out, rb = w.shape
     nsb = rb // 144
     for c in prange((n_out + ROWS - 1) // ROWS):
-        acc = np.empty(32, np.float32)
         for r in range(c * ROWS, min(n_out, c * ROWS + ROWS)):
-            _zero(acc)
-            mins = np.float32(0.0)
+            acc = np.float32(0.0)
+            accm = np.float32(0.0)
             pf = r * rb + PREFETCH
             for b in range(nsb):
                 o = b * 144
@@ -266,21 +275,24 @@ def _mv_q4_k(w, wf, xq, xd, xs, y):
                 prefetch(wf, pf + o + 128)
                 d = _f16(w, r, o) * xd[b]
                 dmin = _f16(w, r, o + 2) * xd[b]
-                isum = 0
+                isum = np.int32(0)
+                msum = np.int32(0)
                 for k in range(4):  # 64 elements: low nibbles = sub-block 2k, high 2k+1
                     sc0, m0 = _scale_min_k4(w, r, o + 4, 2 * k)
                     sc1, m1 = _scale_min_k4(w, r, o + 4, 2 * k + 1)
-                    isum += m0 * xs[b * 8 + 2 * k] + m1 * xs[b * 8 + 2 * k + 1]
-                    s0 = d * np.float32(sc0)
-                    s1 = d * np.float32(sc1)
+                    msum = np.int32(msum + m0 * xs[b * 8 + 2 * k]
+                                    + m1 * xs[b * 8 + 2 * k + 1])
                     e = b * 256 + k * 64
+                    s0 = np.int32(0)
+                    s1 = np.int32(0)
                     for l in range(32):
                         q = w[r, o + 16 + k * 32 + l]
-                        lo = np.float32(np.uint8(q & 0xF))
-                        hi = np.float32(np.uint8(q >> 4))
-                        acc[l] += s0 * (lo * xq[e + l]) + s1 * (hi * xq[e + 32 + l])
-                mins += dmin * np.float32(isum)
-            y[r] = _lane_sum(acc) - mins
+                        s0 = np.int32(s0 + np.int32(q & 0xF) * np.int32(x16[e + l]))
+                        s1 = np.int32(s1 + np.int32(q >> 4) * np.int32(x16[e + 32 + l]))
+                    isum = np.int32(isum + sc0 * s0 + sc1 * s1)
+                acc += d * np.float32(isum)
+                accm += dmin * np.float32(msum)
+            y[r] = acc - accm
 
 
 @njit(parallel=True, fastmath=_FM, cache=True)
@@ -458,6 +470,7 @@ KERNELS.update({(t, lv): IntKernels(t, lv) for t in INT_FORMATS
 # instruction ever is.  Keyed by (int, str): an Enum's __hash__ is a Python-level call,
 # ~0.1 us per matvec.
 _BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
+_X16 = {int(T.Q4_K)}    # generic kernels that take the quants as int16 (`q16`)
 
 
 def kernel_for(ggml_type, level: str | None = None):
@@ -492,6 +505,8 @@ def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
             matvec_quantized(part, qa, out[a:b], row)
     elif qa.d is None:                   # F32 / F16 / BF16: plain numbers on both sides
         kernel(w.wv, w.flat, qa.q[row], out)
+    elif t._value_ in _X16:              # generic integer kernels: int16 quants
+        kernel(w.raw, w.flat, qa.q16[row], qa.d[row], qa.side[row], out)
     else:                                # the float kernels read the quants as floats
         kernel(w.raw, w.flat, qa.q[row], qa.d[row], qa.side[row], out)
     return out
