@@ -36,40 +36,37 @@ from llvmlite import ir
 from . import isa
 from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
                           blk32_signed, prep_interleave, prep_xor80, q4k_d_dmin,
-                          q4k_dot, q4k_quants, q4k_scale_words, q4k_scales, q4k_x,
-                          q5k_high_bits, q6k_pair_scales, q6k_quants, q6k_scale_words,
-                          q6k_scales, unsigned_offset)
+                          q4k_dot, q4k_min_words, q4k_quants, q4k_scale_words,
+                          q4k_scales, q4k_x, q5k_high_bits, q6k_pair_scales,
+                          q6k_quants, q6k_scale_words, q6k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
                   const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
                   i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
-                  splat, sum_rows)
+                  splat, sum_each, sum_rows)
 from .formats import FORMATS
 
 
 def q4k_tile_side(b, nblk):
-    """Once per tile, for `define_matmul`: the 8 rows' Q8_K scales d_x and bsum32 pairs
-    transposed to lane = row, dx[i] <8 x f32> and bs[i][p] <8 x i32> = (bsum_2p,
-    bsum_2p+1) as int16 words (|bsum32| <= 32 * 128), so q4k_rows loads each with
-    one instruction instead of gathering 8 rows (on the stack: 160 bytes per
+    """Once per full tile, for `define_matmul`: the 8 rows' Q8_K scales d_x and
+    bsum32 pairs transposed to lane = row, dx[i] <8 x f32> and bs[i][p] <8 x i32> =
+    (bsum_2p, bsum_2p+1) as int16 words (|bsum32| <= 32 * 128), so q4k_rows loads each
+    with one instruction instead of gathering 8 rows (on the stack: 160 bytes per
     super-block)."""
     dxt = b.alloca(F32, size=b.mul(nblk, i64(8)))
     bst = b.alloca(I32, size=b.mul(nblk, i64(32)))
 
     def fill(b, tile, rows):
-        # rows past a partial tile's end get zeros (not stale stack bytes: a
-        # denormal there made every fma of the tile take a microcode assist, 10x)
+        if not rows.full:             # partial tiles do their float work row by row
+            return
         for k in range(rows.n):
-            valid = b.icmp_signed("<", i64(k), tile.nr)
-            _, xd, xbs, _ = tile.ptrs(b, b.select(valid, i64(k), i64(0)))
+            _, xd, xbs, _ = tile.ptrs(b, i64(k))
             with for_range(b, i64(0), nblk) as i:
-                dx = load(b, xd, b.mul(i, i64(4)), F32)
-                b.store(b.select(valid, dx, ir.Constant(F32, 0.0)),
+                b.store(load(b, xd, b.mul(i, i64(4)), F32),
                         b.gep(dxt, [b.add(b.mul(i, i64(8)), i64(k))]))
                 bs = load(b, xbs, b.mul(i, i64(32)), V(I32, 8))
                 pairs = b.bitcast(b.trunc(bs, V(I16, 8)), V(I32, 4))
                 for p in range(4):
-                    v = b.extract_element(pairs, ir.Constant(I32, p))
-                    b.store(b.select(valid, v, ir.Constant(I32, 0)),
+                    b.store(b.extract_element(pairs, ir.Constant(I32, p)),
                             b.gep(bst, [b.add(b.mul(i, i64(32)), i64(8 * p + k))]))
         tile.side = (dxt, bst)
     return fill
@@ -77,20 +74,28 @@ def q4k_tile_side(b, nblk):
 
 def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
     """q4k_row for a tile: the quants, scales and mins of each super-block are unpacked
-    once, then each row does its integer dot products (lanes as in q4k_row).  The
-    rows' per-block totals are then made lane k = row k (isum by `sum_rows`, msum
-    from the transposed bsums of `q4k_tile_side`), so q4k_row's float work is done for
-    the 8 rows at once: lane k does exactly row k's q4k_row operations, in order."""
+    once, then each row does its integer dot products (lanes as in q4k_row).  In a
+    full tile the rows' per-block totals are then made lane k = row k (isum by
+    `sum_rows`, msum from the transposed bsums of `q4k_tile_side`), so q4k_row's float
+    work is done for the 8 rows at once: lane k does exactly row k's q4k_row
+    operations, in order.  A partial tile (batch decode of 2-7 streams, a prompt's
+    last rows) does q4k_row's float work row by row instead: the 8-lane form cost it
+    for rows it does not have (batch-decode sweep, m = 2 / 4: 0.71-0.91 / 0.73-0.94
+    of before)."""
     assert rows.n == 8, rows.n
     bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
     nl = width // 32
     zero = ir.Constant(V(I32, nl), None)
     sums = rows.acc(b, V(I32, nl))
-    for k in range(rows.n):           # rows past a partial tile's end keep these
-        b.store(zero, sums(b, k))
-    acc_i = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
-    acc_m = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
-    dxt, bst = tile.side
+    full = rows.full
+    if full:
+        acc_i = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+        acc_m = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+        dxt, bst = tile.side
+    else:
+        acc2 = rows.acc(b, V(F32, 2))
+        for k in range(rows.n):
+            b.store(ir.Constant(V(F32, 2), None), acc2(b, k))
     with for_range(b, i64(0), nsb) as i:
         p = block_at(b, w, i, bpb, pf, 3)
         qhh = q5k_high_bits(b, p, width) if five else None
@@ -120,24 +125,48 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
                         sums(b, k))
             rows.each(b, dot)
 
-        isum = sum_rows(b, [b.load(sums(b, k)) for k in range(8)])
-        mins = b.bitcast(b.zext(shuffle(b, sm, sm, range(8, 16)), V(I16, 8)), V(I32, 4))
-        msum = None
-        for q in range(4):            # mins (m_2q, m_2q+1) . the rows' bsum pairs
-            mq = b.bitcast(splat(b, b.extract_element(mins, ir.Constant(I32, q)), 8),
-                           V(I16, 16))
-            bq = load(b, b.bitcast(bst, I8.as_pointer()),
-                      b.mul(b.add(b.mul(i, i64(4)), i64(q)), i64(32)), V(I16, 16))
-            t = pmaddwd(b, mq, bq)
-            msum = t if msum is None else b.add(msum, t)
-        dx = load(b, b.bitcast(dxt, I8.as_pointer()), b.mul(i, i64(32)), V(F32, 8))
-        d = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 0)), 8), dx)
-        dmin = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 1)), 8), dx)
-        b.store(fma(b, d, b.sitofp(isum, V(F32, 8)), b.load(acc_i)), acc_i)
-        b.store(fma(b, dmin, b.sitofp(msum, V(F32, 8)), b.load(acc_m)), acc_m)
+        if full:
+            _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m)
+        else:
+            mw = q4k_min_words(b, sm)
 
-    y = b.fsub(b.load(acc_i), b.load(acc_m))
-    rows.finish(b, lambda r, k: b.extract_element(y, ir.Constant(I32, k)))
+            def one_row(r, k):            # q4k_row's float work, for row k
+                _, xd, xbs, _ = tile.ptrs(b, r)
+                dd = b.fmul(ddw, splat(b, load(b, xd, b.mul(i, i64(4)), F32), 2))
+                msum = pmaddwd(b, mw, load(b, xbs, b.mul(i, i64(32)), V(I32, 8)))
+                totals = b.sitofp(sum_each(b, [b.load(sums(b, k)), msum]), V(F32, 2))
+                b.store(fma(b, dd, totals, b.load(acc2(b, k))), acc2(b, k))
+            rows.each(b, one_row)
+
+    if full:
+        y = b.fsub(b.load(acc_i), b.load(acc_m))
+        rows.finish(b, lambda r, k: b.extract_element(y, ir.Constant(I32, k)))
+    else:
+        def result(r, k):
+            a = b.load(acc2(b, k))
+            return b.fsub(b.extract_element(a, ir.Constant(I32, 0)),
+                          b.extract_element(a, ir.Constant(I32, 1)))
+        rows.finish(b, result)
+
+
+def _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m):
+    """A full tile's float work for super-block i: the 8 rows' totals as the lanes of
+    one vector each, then q4k_row's fma for all 8 (lane k = row k)."""
+    isum = sum_rows(b, [b.load(sums(b, k)) for k in range(8)])
+    mins = b.bitcast(b.zext(shuffle(b, sm, sm, range(8, 16)), V(I16, 8)), V(I32, 4))
+    msum = None
+    for q in range(4):                # mins (m_2q, m_2q+1) . the rows' bsum pairs
+        mq = b.bitcast(splat(b, b.extract_element(mins, ir.Constant(I32, q)), 8),
+                       V(I16, 16))
+        bq = load(b, b.bitcast(bst, I8.as_pointer()),
+                  b.mul(b.add(b.mul(i, i64(4)), i64(q)), i64(32)), V(I16, 16))
+        t = pmaddwd(b, mq, bq)
+        msum = t if msum is None else b.add(msum, t)
+    dx = load(b, b.bitcast(dxt, I8.as_pointer()), b.mul(i, i64(32)), V(F32, 8))
+    d = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 0)), 8), dx)
+    dmin = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 1)), 8), dx)
+    b.store(fma(b, d, b.sitofp(isum, V(F32, 8)), b.load(acc_i)), acc_i)
+    b.store(fma(b, dmin, b.sitofp(msum, V(F32, 8)), b.load(acc_m)), acc_m)
 
 
 def _offset_init(b, u, off, level):

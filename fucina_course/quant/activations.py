@@ -160,10 +160,10 @@ class QuantizedActivations:
 
     `qi` int8[m, n] the quantized activations (read by the integer kernels) and `q`
     float32[m, n] the same small integers (read by the float kernels; made from `qi` on
-    first use and kept; `q16` likewise as int16); `d` float32[m, n/32] (Q8_0, Q8_1) or [m, n/256] (Q8_K);
-    `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`); `bsum32` int32[m, n/32]
-    for Q8_K (sums of q per 32).  For F32/F16/BF16, `q` holds the (rounded) float
-    activations and the other fields are None.
+    first use and kept; `q16` likewise as int16); `d` float32[m, n/32] (Q8_0, Q8_1) or
+    [m, n/256] (Q8_K); `s` float32[m, n/32] for Q8_1 (f16-rounded `d * sum(q)`);
+    `bsum32` int32[m, n/32] for Q8_K (sums of q per 32).  For F32/F16/BF16, `q` holds
+    the (rounded) float activations and the other fields are None.
     """
 
     __slots__ = ("kind", "_q", "d", "s", "bsum32", "qi", "_side_bytes", "_q16")
