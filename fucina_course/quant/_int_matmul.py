@@ -35,14 +35,15 @@ from llvmlite import ir
 
 from . import isa
 from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
-                          blk32_signed, prep_interleave, prep_xor80, q4k_d_dmin,
-                          q4k_dot, q4k_min_words, q4k_quants, q4k_scale_words,
-                          q4k_scales, q4k_x, q5k_high_bits, q6k_pair_scales,
-                          q6k_quants, q6k_scale_words, q6k_scales, unsigned_offset)
+                          blk32_signed, prep_interleave, prep_xor80,
+                          q4k_block_floats, q4k_d_dmin, q4k_dot, q4k_min_words,
+                          q4k_quants, q4k_result, q4k_scale_words, q4k_scales, q4k_x,
+                          q5k_high_bits, q6k_pair_scales, q6k_quants, q6k_scale_words,
+                          q6k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
                   const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
                   i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
-                  splat, sum_each, sum_rows)
+                  splat, sum_rows)
 from .formats import FORMATS
 
 
@@ -127,26 +128,19 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
 
         if full:
             _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m)
-        else:
+        else:                             # q4k_row's float work, row by row
             mw = q4k_min_words(b, sm)
 
-            def one_row(r, k):            # q4k_row's float work, for row k
+            def one_row(r, k):
                 _, xd, xbs, _ = tile.ptrs(b, r)
-                dd = b.fmul(ddw, splat(b, load(b, xd, b.mul(i, i64(4)), F32), 2))
-                msum = pmaddwd(b, mw, load(b, xbs, b.mul(i, i64(32)), V(I32, 8)))
-                totals = b.sitofp(sum_each(b, [b.load(sums(b, k)), msum]), V(F32, 2))
-                b.store(fma(b, dd, totals, b.load(acc2(b, k))), acc2(b, k))
+                q4k_block_floats(b, i, ddw, mw, b.load(sums(b, k)), xd, xbs, acc2(b, k))
             rows.each(b, one_row)
 
     if full:
         y = b.fsub(b.load(acc_i), b.load(acc_m))
         rows.finish(b, lambda r, k: b.extract_element(y, ir.Constant(I32, k)))
     else:
-        def result(r, k):
-            a = b.load(acc2(b, k))
-            return b.fsub(b.extract_element(a, ir.Constant(I32, 0)),
-                          b.extract_element(a, ir.Constant(I32, 1)))
-        rows.finish(b, result)
+        rows.finish(b, lambda r, k: q4k_result(b, b.load(acc2(b, k))))
 
 
 def _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m):

@@ -52,7 +52,7 @@ from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
                   dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
                   load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat,
-                  sum_each)
+                  sum_pair)
 from .formats import FORMATS
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
@@ -246,14 +246,11 @@ def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
     acc_p = alloca(b, V(F32, 2), ir.Constant(V(F32, 2), None))
     with for_range(b, i64(0), nsb) as i:
         p = block_at(b, w, i, bpb, pf, 3)
-        xs = load(b, xd, b.mul(i, i64(4)), F32)
         qhh = q5k_high_bits(b, p, width) if five else None
         raw16 = load(b, p, None, V(I8, 16))
-        dd = b.fmul(q4k_d_dmin(b, raw16), splat(b, xs, 2))
+        ddw = q4k_d_dmin(b, raw16)
         sm = q4k_scales(b, raw16)
-        # mins: sum_s m_s * bsum32_s
-        msum = pmaddwd(b, q4k_min_words(b, sm), load(b, xbs, b.mul(i, i64(32)),
-                                                     V(I32, 8)))
+        mw = q4k_min_words(b, sm)
         sumi = zero
         xo = b.mul(i, i64(256))
         for j in range(1024 // width):     # quant vectors per super-block
@@ -261,9 +258,22 @@ def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
             xlo, xhi = q4k_x(b, x, xo, j, width)
             sc = q4k_scale_words(b, level, sm, width, sub_lo, sub_hi)
             sumi = q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc)
-        totals = b.sitofp(sum_each(b, [sumi, msum]), V(F32, 2))
-        b.store(fma(b, dd, totals, b.load(acc_p)), acc_p)
-    acc = b.load(acc_p)
+        q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p)
+    return q4k_result(b, b.load(acc_p))
+
+
+def q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p):
+    """One row's float work for super-block i, the same in `q4k_row` and in a partial
+    tile of `_int_matmul.q4k_rows` (so their rows agree bit for bit): the exact totals
+    (isum, msum), then (acc, accm) += (d_w, dmin_w) * d_x * (isum, msum) in acc_p."""
+    dd = b.fmul(ddw, splat(b, load(b, xd, b.mul(i, i64(4)), F32), 2))
+    msum = pmaddwd(b, mw, load(b, xbs, b.mul(i, i64(32)), V(I32, 8)))  # m_s * bsum_s
+    totals = b.sitofp(sum_pair(b, sumi, msum), V(F32, 2))
+    b.store(fma(b, dd, totals, b.load(acc_p)), acc_p)
+
+
+def q4k_result(b, acc):
+    """The row from its (acc, accm) pair: acc - accm."""
     return b.fsub(b.extract_element(acc, ir.Constant(I32, 0)),
                   b.extract_element(acc, ir.Constant(I32, 1)))
 

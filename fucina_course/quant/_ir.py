@@ -203,23 +203,16 @@ def _hadd_i32(builder, x, y):
                        shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
 
 
-def sum_each(builder, vecs):
-    """<n x i32>, n = len(vecs) (2 or 8): lane k = the sum of the lanes of vecs[k]
-    (<8 x i32> each; <16 x i32> are folded to 8 first).  The sums are exact, so
-    their order is free: neighbouring lanes pairwise (two or three vphaddd-like
-    steps), then the two 128-bit halves."""
-    vs = []
-    for v in vecs:
-        if v.type.count == 16:
-            v = builder.add(shuffle(builder, v, v, range(8)),
-                            shuffle(builder, v, v, range(8, 16)))
-        vs.append(v)
-    if len(vs) == 2:
-        h = _hadd_i32(builder, vs[0], vs[1])
-        h = _hadd_i32(builder, h, h)
-        return _add_picks(builder, h, h, [0, 1], [4, 5])
-    assert len(vs) == 8, len(vs)
-    return sum_rows(builder, vecs)
+def sum_pair(builder, a, c):
+    """<2 x i32>: (sum of a's lanes, sum of c's lanes), for <8 x i32> (a may be <16 x
+    i32>: folded to 8 first).  The sums are exact, so their order is free:
+    neighbouring lanes pairwise (two vphaddd-like steps), then the 128-bit halves."""
+    if a.type.count == 16:
+        a = builder.add(shuffle(builder, a, a, range(8)),
+                        shuffle(builder, a, a, range(8, 16)))
+    h = _hadd_i32(builder, a, c)
+    h = _hadd_i32(builder, h, h)
+    return _add_picks(builder, h, h, [0, 1], [4, 5])
 
 
 def _add_picks(builder, x, y, lo, hi):
