@@ -10,6 +10,11 @@ directory, where numba and the quant package put every compiled kernel (quant/_j
 keeps its object files next to numba's), so nothing is compiled yet -- what a first run
 after `pip install` pays; the model file is already downloaded.  Warm: the same
 directory again, everything cached.  Prints the wall times and the answer.
+
+Each run starts in the cache directory, not here: `python -m` puts the working
+directory first on sys.path, so in a checkout it would run the checkout's package
+whatever PYTHONPATH says (an A/B of two versions via PYTHONPATH would compare one with
+itself).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ def one_run(model: str, cache_dir: str, cpus, simd: str | None) -> tuple[float, 
             os.sched_setaffinity(0, cpus)
     t0 = time.perf_counter()
     out = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                         preexec_fn=pin)
+                         preexec_fn=pin, cwd=cache_dir)
     secs = time.perf_counter() - t0
     if out.returncode != 0:
         raise SystemExit(f"fucina failed:\n{out.stderr[-2000:]}")
@@ -53,6 +58,8 @@ def main() -> None:
     ap.add_argument("--cpus", default="0,1", help="CPUs to pin to ('' = no pinning)")
     ap.add_argument("--simd", default=None, help="FUCINA_SIMD for the runs")
     args = ap.parse_args()
+    if os.path.exists(args.model):       # a path, not a name: the runs start elsewhere
+        args.model = os.path.abspath(args.model)
     cpus = {int(c) for c in args.cpus.split(",") if c.strip()}
     load = os.getloadavg()[0]
     print(f"load average {load:.2f}" + ("  (busy: numbers are high)" if load > 0.5

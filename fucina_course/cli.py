@@ -192,9 +192,10 @@ class _Bar:
 def _first_start(model) -> None:
     """First run only (the model's kernels are not in the disk cache yet): compile
     them before the first token, and say so on a terminal (quant.pending /
-    quant.prepare).  A 2-token prefill and one decode step compile the rest of the
-    engine.  Called once the command's own checks have passed."""
-    from . import quant
+    quant.prepare).  One decode step and a 2-token prefill compile the rest of the
+    engine; a second process compiles the prefill's kernels meanwhile
+    (first_start.py).  Called once the command's own checks have passed."""
+    from . import first_start, quant
 
     types = {t.ggml_type for t in model.gguf.tensors.values()}
     todo = quant.pending(types)
@@ -203,14 +204,17 @@ def _first_start(model) -> None:
     quantized = [t for t in types if quant.FORMATS[t].block_size > 1]
     bar = _Bar(f"compiling kernels for {', '.join(t.name for t in todo)} "
                f"(first run only)\u2026", len(quantized) + 4)
+    helper = first_start.start(model.path)
     try:
         quant.prepare(types, step=bar.step)
         cache = model.new_cache(4)
-        model.forward_step([0, 0], 0, cache)
-        bar.step("prefill")
-        model.forward_step([0], 2, cache)
+        model.forward_step([0], 0, cache)
         bar.step("decode")
+        first_start.join(helper)             # its kernels are in the disk cache now
+        model.forward_step([0, 0], 1, cache)
+        bar.step("prefill")
     finally:
+        first_start.stop(helper)
         bar.close()
 
 

@@ -173,11 +173,13 @@ class Model:
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: int | None = None,
-             expert_top_p: float = 1.0) -> "Model":
+             expert_top_p: float = 1.0, tokenizer: bool = True) -> "Model":
         """Open a GGUF file, read its config and tokenizer, map its weights.
 
         A model *name* ("qwen2.5-coder-0.5b") becomes a path in `catalog.load_model`.
-        `expert_top_p` (MoE only; see moe.py): below 1, drop low-weight experts."""
+        `expert_top_p` (MoE only; see moe.py): below 1, drop low-weight experts.
+        `tokenizer=False` skips building the tokenizer (a forward pass on ids does not
+        need it: first_start.py's helper)."""
         from .tokenizer import Tokenizer
 
         _check_top_p(expert_top_p)
@@ -185,9 +187,9 @@ class Model:
             set_threads(threads)
         gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
-        has_vocab = gguf.has("tokenizer.ggml.tokens")
-        tokenizer = Tokenizer.from_gguf(gguf) if has_vocab else None
-        validate.check_model_file(gguf, cfg, tokenizer)  # a file is untrusted input
+        has_vocab = tokenizer and gguf.has("tokenizer.ggml.tokens")
+        vocab = Tokenizer.from_gguf(gguf) if has_vocab else None
+        validate.check_model_file(gguf, cfg, vocab)     # a file is untrusted input
         w = WeightReader(gguf)
         embedding = w.linear("token_embd", cfg.vocab_size, cfg.hidden_size)
         # Tied: without output.weight the embedding is the lm_head (the same object).
@@ -195,7 +197,7 @@ class Model:
                   if w.has("output") else embedding)
         layers = [load_layer(w, cfg, i, expert_top_p) for i in range(cfg.num_layers)]
         output_norm = w.vector("output_norm.weight", cfg.hidden_size)
-        return cls(gguf, cfg, tokenizer, embedding, layers, output_norm, output)
+        return cls(gguf, cfg, vocab, embedding, layers, output_norm, output)
 
     @property
     def path(self) -> Path:

@@ -10,7 +10,8 @@ kernels 2-4 s per format (numba).
 
 `prepare` overlaps the two compilers: the formats' LLVM modules compile in a worker
 thread (LLVM runs outside Python's GIL, in its own LLVM context) while numba compiles
-in the calling thread.
+in the calling thread.  Meanwhile the CLI has a second process compile the rest of the
+engine's prefill kernels (fucina_course/first_start.py).
 """
 
 from __future__ import annotations

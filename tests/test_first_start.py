@@ -1,0 +1,101 @@
+"""The first start's second process (fucina_course/first_start.py): what it compiles is
+found in numba's disk cache by a real forward pass, never compiled again.
+
+A numba cache entry is reused only for exactly the argument types it was compiled
+for, so a helper that ran a subtly different code path (another array layout, a
+writable instead of a read-only weight) would compile kernels that nobody loads:
+the first start would be as slow as without it, and nothing else would notice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fucina_course import first_start
+from model_cases import tiny_model, tiny_moe_model
+
+# The kernels of the prefill path outside quant/: the helper's share of the work.
+PREFILL_KERNELS = {"fucina_course.ops._rms_norm_rows", "fucina_course.ops._rope",
+                   "fucina_course.ops._swiglu", "fucina_course.kv_cache._narrow",
+                   "fucina_course.attention._by_kv_head_f16",
+                   "fucina_course.attention._causal_softmax_f16"}
+
+# Prints {kernel: [cache hits, cache misses]} of every numba kernel of the package
+# that ran in this process (a miss is a compilation: the cache did not have it).
+_STATS = """
+import json, sys
+from numba.core.dispatcher import Dispatcher
+stats = {}
+for name, mod in list(sys.modules.items()):
+    if not name.startswith("fucina_course"):
+        continue
+    for attr, obj in vars(mod).items():
+        if isinstance(obj, Dispatcher) and obj.py_func.__module__ == name:
+            s = obj.stats
+            hits, misses = sum(s.cache_hits.values()), sum(s.cache_misses.values())
+            if hits or misses:
+                stats[f"{name}.{attr}"] = [hits, misses]
+print(json.dumps(stats))
+"""
+
+_HELPER = """
+import sys
+from fucina_course.first_start import compile_prefill
+compile_prefill(sys.argv[1])
+""" + _STATS
+
+# The main process's side of cli._first_start: a decode step, then a prefill.
+_FORWARD = """
+import sys
+from fucina_course.model import Model
+model = Model.load(sys.argv[1], tokenizer=False)
+cache = model.new_cache(4)
+model.forward_step([0], 0, cache)
+model.forward_step([0, 0], 1, cache)
+""" + _STATS
+
+
+def _stats(code: str, model, env) -> dict:
+    out = subprocess.run([sys.executable, "-c", code, str(model)], env=env, text=True,
+                         capture_output=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("which", ["qwen3-q4_k", "qwen3moe-q8_0", "coder"])
+def test_what_the_helper_compiles_is_a_cache_hit(which, tmp_path, coder_path):
+    model = {"qwen3-q4_k": lambda: tiny_model("Q4_K", tmp_path),
+             "qwen3moe-q8_0": lambda: tiny_moe_model("Q8_0", tmp_path),
+             "coder": lambda: coder_path}[which]()
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    helper = _stats(_HELPER, model, env)
+    compiled = {k for k, (_, misses) in helper.items() if misses}
+    assert PREFILL_KERNELS <= compiled
+    # zero products: no quant kernel (the main process's share) was compiled
+    assert not {k for k in compiled if k.startswith("fucina_course.quant.")}
+
+    forward = _stats(_FORWARD, model, env)
+    again = {k for k in compiled if forward.get(k, [0, 0])[1]}
+    assert not again, f"compiled by the helper and again by the forward pass: {again}"
+    loaded = {k for k in compiled if forward.get(k, [0, 0])[0]}
+    assert PREFILL_KERNELS <= loaded
+
+
+def test_a_helper_that_fails_costs_nothing(tmp_path):
+    helper = first_start.start(tmp_path / "missing.gguf")
+    if helper is None:                                   # one core: no helper at all
+        assert first_start.cores() < 2
+        return
+    first_start.join(helper)
+    assert helper.returncode != 0
+
+
+def test_stop_kills_a_helper_that_still_runs():
+    helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    first_start.join(helper, timeout=0.1)
+    assert helper.returncode is not None and helper.returncode != 0
