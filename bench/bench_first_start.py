@@ -5,10 +5,11 @@
 
 Runs `fucina generate MODEL --chat --prompt "What is the capital of France?"` as a new
 process, wall clock from start to exit, pinned to `--cpus` (default: the first two, the
-2-core machine of the acceptance test).  Cold: with NUMBA_CACHE_DIR set to a new empty
-directory, where numba and the quant package put every compiled kernel (quant/_jit.py
-keeps its object files next to numba's), so nothing is compiled yet -- what a first run
-after `pip install` pays; the model file is already downloaded.  Warm: the same
+2-core machine of the acceptance test).  Cold: with NUMBA_CACHE_DIR and FUCINA_CACHE
+set to a new empty directory, where numba and the quant package put every compiled
+kernel (quant/_jit.py keeps its object files next to numba's) and the tokenizer its
+built tables, so nothing is compiled or cached yet -- what a first run after `pip
+install` pays; the model file is already downloaded (and passed as a path).  Warm: the same
 directory again, everything cached.  Prints the wall times and the answer.
 
 Each run starts in the cache directory, not here: `python -m` puts the working
@@ -31,7 +32,7 @@ QUESTION = "What is the capital of France?"
 
 
 def one_run(model: str, cache_dir: str, cpus, simd: str | None) -> tuple[float, str]:
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir)
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache_dir, FUCINA_CACHE=cache_dir)
     if simd:
         env["FUCINA_SIMD"] = simd
     cmd = [sys.executable, "-m", "fucina_course", "generate", model, "--chat",
@@ -58,8 +59,9 @@ def main() -> None:
     ap.add_argument("--cpus", default="0,1", help="CPUs to pin to ('' = no pinning)")
     ap.add_argument("--simd", default=None, help="FUCINA_SIMD for the runs")
     args = ap.parse_args()
-    if os.path.exists(args.model):       # a path, not a name: the runs start elsewhere
-        args.model = os.path.abspath(args.model)
+    # a path, so that the runs need no catalog: their FUCINA_CACHE is empty too
+    from fucina_course.catalog import resolve
+    args.model = str(resolve(args.model).resolve())
     cpus = {int(c) for c in args.cpus.split(",") if c.strip()}
     load = os.getloadavg()[0]
     print(f"load average {load:.2f}" + ("  (busy: numbers are high)" if load > 0.5

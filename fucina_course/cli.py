@@ -132,10 +132,13 @@ def cmd_tokenize(args) -> int:
 # --- generation, logits, cache verification, benchmark ----------------------------
 
 def _load_model(args):
-    from .catalog import load_model
+    from . import first_start
+    from .catalog import load_model, resolve
 
     _check_expert_top_p(args)
-    model = load_model(args.model, threads=args.threads)
+    path = resolve(args.model)
+    first_start.start_early(path)        # first run only: see _first_start
+    model = load_model(path, threads=args.threads)
     model.expert_top_p = args.expert_top_p
     return model
 
@@ -199,12 +202,14 @@ def _first_start(model) -> None:
 
     types = {t.ggml_type for t in model.gguf.tensors.values()}
     todo = quant.pending(types)
+    helper = first_start.take_early()
     if not todo:
+        first_start.join(helper)   # it compiles what this run would compile next
         return
     quantized = [t for t in types if quant.FORMATS[t].block_size > 1]
     bar = _Bar(f"compiling kernels for {', '.join(t.name for t in todo)} "
                f"(first run only)\u2026", len(quantized) + 4)
-    helper = first_start.start(model.path)
+    helper = helper or first_start.start(model.path)
     try:
         quant.prepare(types, step=bar.step)
         cache = model.new_cache(4)
@@ -426,11 +431,14 @@ def _check_chat_args(args) -> None:
 
 def _conversation(args):
     """Load the model and open a conversation as the flags say."""
-    from .catalog import load_model
+    from . import first_start
+    from .catalog import load_model, resolve
     from .chat import ChatFormat, Conversation
     from .sampler import SamplerConfig
 
-    model = load_model(args.model, threads=args.threads)
+    path = resolve(args.model)
+    first_start.start_early(path)        # first run only: see _first_start
+    model = load_model(path, threads=args.threads)
     model.expert_top_p = args.expert_top_p
     if model.tokenizer is None:
         raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot chat")

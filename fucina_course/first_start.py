@@ -7,8 +7,8 @@ compiling, one kernel after another in one thread (the LLVM modules of the integ
 kernels already compile in a worker thread: quant/first_start.py).  The second core
 idled most of that time.
 
-So the CLI's first start (`cli._first_start`) splits the work between two processes
-that share numba's disk cache:
+So the CLI's first start splits the work between two processes that share numba's
+disk cache (`start_early` as the model loads, `cli._first_start`):
 
 * this process compiles the quant kernels (`quant.prepare`: the driver, the activation
   quantizers, the formats' LLVM modules) and then the decode path (a one-token step:
@@ -36,6 +36,7 @@ two threads of one process cannot compile numba kernels at the same time.
 
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -68,6 +69,31 @@ def start(model_path) -> subprocess.Popen | None:
             stderr=subprocess.DEVNULL)
     except OSError:
         return None
+
+
+_early: subprocess.Popen | None = None
+
+
+def start_early(model_path) -> None:
+    """Start the helper before the model loads, if the prefill kernels are not in the
+    disk cache: the tokenizer's build on a first run (~1 s of Python) then overlaps
+    with it too.  `take_early` hands it over; if the command fails before that, it is
+    killed at exit."""
+    global _early
+    from . import attention
+    from .quant._int import numba_cached
+
+    if _early is None and not numba_cached(attention._causal_softmax_f16):
+        _early = start(model_path)
+        if _early is not None:
+            atexit.register(stop, _early)
+
+
+def take_early() -> subprocess.Popen | None:
+    """The helper `start_early` started, if any (once)."""
+    global _early
+    helper, _early = _early, None
+    return helper
 
 
 def join(helper: subprocess.Popen | None, timeout: float = JOIN_TIMEOUT) -> None:

@@ -513,6 +513,21 @@ class GGUFFile:
         return [blob[s - base:s - base + n]
                 for s, n in zip(parts.starts.tolist(), parts.lengths.tolist())]
 
+    def string_array_bytes(self, key: str) -> memoryview:
+        """A string-array key's bytes as stored (each string's 8-byte length, then the
+        string), without making one object per string: what the tokenizer's disk
+        cache hashes (tokenizer.py)."""
+        field = self._field(key)
+        parts = field.parts
+        if not isinstance(parts, _LazyStringParts):
+            raise MetadataError(f"{self.path}: metadata key {key!r} should be an array "
+                                "of strings")
+        if not len(parts.starts):
+            return memoryview(b"")
+        start = int(parts.starts[0]) - 8
+        return memoryview(self._reader.data)[start:int(parts.starts[-1]
+                                                       + parts.lengths[-1])]
+
     @property
     def architecture(self) -> str:
         return self.get_str("general.architecture")

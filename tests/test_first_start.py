@@ -99,3 +99,60 @@ def test_stop_kills_a_helper_that_still_runs():
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     first_start.join(helper, timeout=0.1)
     assert helper.returncode is not None and helper.returncode != 0
+
+
+def _helpers_of(model) -> list[int]:
+    """pids of running helper processes for `model` (Linux /proc)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"fucina_course.first_start" in argv and str(model).encode() in argv:
+            pids.append(int(d))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc") or first_start.cores() < 2,
+                    reason="needs Linux /proc and two cores")
+def test_a_command_that_fails_leaves_no_helper_behind(tmp_path):
+    # cold cache: the helper starts as the model loads; the command then fails on
+    # its own argument check, and the helper must not outlive it
+    model = tiny_model("Q8_0", tmp_path)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    out = subprocess.run([sys.executable, "-m", "fucina_course", "generate", str(model),
+                          "--ids", "1,2", "--gen", "0"], env=env, text=True,
+                         capture_output=True, timeout=120)
+    assert out.returncode == 1 and "--gen must be at least 1" in out.stderr
+    assert _helpers_of(model) == []
+
+
+def test_a_cold_cli_run_starts_the_helper_early(tmp_path):
+    # the same run with a valid argument: the helper is started before the model
+    # loads and its prefill kernels are found by the main process
+    model = tiny_model("Q8_0", tmp_path)
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    code = """if True:
+        import sys, runpy
+        from fucina_course import first_start
+        started = []
+        real = first_start.start
+        first_start.start = lambda path: started.append(path) or real(path)
+        sys.argv = ["fucina", "generate", sys.argv[1], "--ids", "1,2", "--gen", "2"]
+        try:
+            runpy.run_module("fucina_course", run_name="__main__")
+        except SystemExit as e:
+            assert not e.code, e.code
+        from fucina_course import attention
+        s = attention._causal_softmax_f16.stats
+        print(len(started), sum(s.cache_hits.values()), sum(s.cache_misses.values()))
+    """
+    out = subprocess.run([sys.executable, "-c", code, str(model)], env=env, text=True,
+                         capture_output=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    started, hits, misses = map(int, out.stdout.split()[-3:])
+    assert started == (1 if first_start.cores() >= 2 else 0)
+    if started:
+        assert hits >= 1 and misses == 0

@@ -300,3 +300,83 @@ def test_unmap_many_equals_one_at_a_time():
     texts = ["ĠHello", "", "Ċ", "日本", "abc", "Ġ", "\u0100x"]
     assert unmap_many(texts) == [unmap_token_text(t) for t in texts]
     assert unmap_many(texts[2:3] + ["ok"]) == [b"\n", b"ok"]
+
+
+# --- the built tables' disk cache -----------------------------------------------------
+
+_CACHE_PROBES = ["What is the capital of France?", "<|im_start|>user\nhi<|im_end|>",
+                 " \u00e9t\u00e9  1234567 \u4f60\u597d 'll 'LL\n\n\t x", "\U0001f600<think>"]
+
+
+def _tables(tok):
+    return (tok.tokens, tok.merges, tok.token_types.tolist(), tok.token_bytes, tok.id_of,
+            tok.ranks, tok.special_markers, tok.pretokenizer, tok.bos_id, tok.eos_id,
+            tok.add_bos, tok.add_eos, tok.eot_ids, tok.chat_template)
+
+
+def test_a_cached_tokenizer_is_the_built_one(coder_path, tmp_path, monkeypatch):
+    from fucina_course import GGUFFile
+    from fucina_course import tokenizer as tk
+
+    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path))
+    gguf = GGUFFile(coder_path)
+    built = Tokenizer.from_gguf(gguf)                     # a miss: built, then saved
+    saved = list((tmp_path / "tokenizers").glob("*.pickle"))
+    assert len(saved) == 1
+    calls = []
+    monkeypatch.setattr(tk.Tokenizer, "from_parts",
+                        classmethod(lambda cls, *a, **k: calls.append(1)))
+    cached = Tokenizer.from_gguf(gguf)                    # a hit: nothing is built
+    assert calls == [] and cached is not built
+    assert _tables(cached) == _tables(built)
+    for text in _CACHE_PROBES + random_strings(200):
+        assert cached.encode(text) == built.encode(text)
+
+
+def test_the_cache_key_is_the_vocabulary_and_the_code(coder_path, monkeypatch):
+    from fucina_course import GGUFFile
+    from fucina_course import tokenizer as tk
+
+    gguf = GGUFFile(coder_path)
+    types = gguf.get_array("tokenizer.ggml.token_type")
+    params = dict(pre="qwen2", bos_id=None, eos_id=151643, add_bos=False, add_eos=False,
+                  chat_template=None, eot_ids=(151643,))
+    key = tk._tables_key(gguf, types, params)
+    assert key == tk._tables_key(gguf, types.copy(), dict(params))
+    assert key != tk._tables_key(gguf, types, {**params, "eos_id": 151645})
+    changed = types.copy()
+    changed[100] = TokenType.CONTROL
+    assert key != tk._tables_key(gguf, changed, params)
+    real_open = open
+
+    def edited_source(path, *args, **kwargs):            # tokenizer.py, one byte more
+        f = real_open(path, *args, **kwargs)
+        if str(path).endswith("tokenizer.py"):
+            import io
+            return io.BytesIO(f.read() + b"#")
+        return f
+    monkeypatch.setattr("builtins.open", edited_source)
+    assert key != tk._tables_key(gguf, types, params)
+
+
+def test_a_broken_cache_entry_is_built_again(coder_path, tmp_path, monkeypatch):
+    from fucina_course import GGUFFile
+
+    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path))
+    gguf = GGUFFile(coder_path)
+    built = Tokenizer.from_gguf(gguf)
+    (entry,) = (tmp_path / "tokenizers").glob("*.pickle")
+    entry.write_bytes(b"not a pickle")
+    again = Tokenizer.from_gguf(gguf)
+    assert _tables(again) == _tables(built)
+    assert entry.read_bytes() != b"not a pickle"          # and saved again
+
+
+def test_small_vocabularies_are_not_cached(tmp_path, monkeypatch):
+    from fucina_course import GGUFFile
+    from model_cases import tiny_model
+
+    model = tiny_model("Q8_0", tmp_path)                  # 4,096 tokens
+    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path / "cache"))
+    Tokenizer.from_gguf(GGUFFile(model))
+    assert not (tmp_path / "cache" / "tokenizers").exists()
