@@ -13,8 +13,9 @@ no more memory than mapping its file.  On top of that:
   formats match, `FusedLinear` treats them as one `[sum n_out, n_in]` matrix
   (`quant.MultiMatrix`): the activations are quantized once and every part's kernel
   writes its slice of one output, with no weight bytes copied.  When formats differ (the
-  Qwen2.5-Coder file stores q/k in Q5_0 and v in Q8_0) it falls back to one call per
-  part.
+  Qwen2.5-Coder file stores q/k in Q5_0 and v in Q8_0), each run of neighbouring parts
+  of one format is such a matrix: q+k and v, two calls instead of three (a layer's
+  decode qkv 64.5 -> 55.2 us with avx2 kernels, docs/BENCHMARKS.md).
 * **Expert stacks.**  A mixture-of-experts file stores each projection of all E experts
   as one `[E, n_out, n_in]` tensor; `WeightReader.experts` hands out one `LinearWeight`
   per expert, each viewing its contiguous slice of the mapped bytes (moe.py).
@@ -29,6 +30,7 @@ numerics (the cache oracle uses it: kv_cache.py, `Model.forward_last_logits`).
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import groupby
 
 import numpy as np
 
@@ -86,29 +88,43 @@ class LinearWeight:
 
 
 class FusedLinear:
-    """Projections of the same input, one kernel call when their formats match."""
+    """Projections of the same input, one kernel call per run of parts of one format."""
 
     def __init__(self, parts: list[LinearWeight]):
         self.parts = parts
-        ends = np.cumsum([p.n_out for p in parts]).tolist()
-        self.bounds = list(zip([0] + ends[:-1], ends))   # each part's output columns
-        same = len({(p.info.ggml_type, p.n_in) for p in parts}) == 1
-        self.fused = quant.MultiMatrix([p.matrix for p in parts]) if same else None
-        self.bias = None
-        if any(p.bias is not None for p in parts):
-            zeros = [np.zeros(p.n_out, np.float32) for p in parts]
-            self.bias = np.concatenate([p.bias if p.bias is not None else z
-                                        for p, z in zip(parts, zeros)])
+        self.groups = [_Group(run) for _, run in groupby(
+            parts, key=lambda p: (p.info.ggml_type, p.n_in))]
+        # one group: every part in one kernel call (moe.py reads its MultiMatrix)
+        self.fused = self.groups[0].matrix if len(self.groups) == 1 else None
 
     def __call__(self, x: np.ndarray, path: str = "auto") -> list[np.ndarray]:
         """x `[n, n_in]` -> one `[n, n_out_i]` array per part."""
-        if self.fused is None:
-            return [p(x, path) for p in self.parts]
-        y = _multiply(self.fused, x, path)                          # [n, sum n_out]
-        if self.bias is not None:
-            y += self.bias
-        # views by slicing: np.split took 5 us a call, 1 us this (2% of a SmolLM2 token)
-        return [y[:, a:b] for a, b in self.bounds]
+        out = []
+        for g in self.groups:
+            y = _multiply(g.matrix, x, path)                         # [n, sum n_out]
+            if g.bias is not None:
+                y += g.bias
+            # views by slicing: np.split took 5 us a call, 1 us this (2% of a SmolLM2
+            # token)
+            out += [y[:, a:b] for a, b in g.bounds]
+        return out
+
+
+class _Group:
+    """Neighbouring parts of one format and row length as one `quant.MultiMatrix`, with
+    their biases (zeros where a part has none) and each part's output columns."""
+
+    def __init__(self, parts):
+        parts = list(parts)
+        self.matrix = (quant.MultiMatrix([p.matrix for p in parts]) if len(parts) > 1
+                       else parts[0].matrix)
+        ends = np.cumsum([p.n_out for p in parts]).tolist()
+        self.bounds = list(zip([0] + ends[:-1], ends))
+        self.bias = None
+        if any(p.bias is not None for p in parts):
+            self.bias = np.concatenate([p.bias if p.bias is not None
+                                        else np.zeros(p.n_out, np.float32)
+                                        for p in parts])
 
 
 def _multiply(matrix, x: np.ndarray, path: str) -> np.ndarray:
