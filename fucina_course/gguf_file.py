@@ -499,13 +499,17 @@ class GGUFFile:
             raise MetadataError(f"{self.path}: metadata key {key!r} should be an array")
         return len(field.data)
 
-    def get_strings(self, key: str) -> list[bytes]:
-        """A string-array key as a list of raw bytes, in one pass over the mapping."""
-        field = self._field(key)
-        parts = field.parts
+    def _string_parts(self, key: str) -> "_LazyStringParts":
+        """The offsets and lengths of a string-array key's strings in the mapping."""
+        parts = self._field(key).parts
         if not isinstance(parts, _LazyStringParts):
             raise MetadataError(f"{self.path}: metadata key {key!r} should be an array "
                                 "of strings")
+        return parts
+
+    def get_strings(self, key: str) -> list[bytes]:
+        """A string-array key as a list of raw bytes, in one pass over the mapping."""
+        parts = self._string_parts(key)
         if not len(parts.starts):
             return []
         base = int(parts.starts[0])
@@ -517,11 +521,7 @@ class GGUFFile:
         """A string-array key's bytes as stored (each string's 8-byte length, then the
         string), without making one object per string: what the tokenizer's disk
         cache hashes (tokenizer.py)."""
-        field = self._field(key)
-        parts = field.parts
-        if not isinstance(parts, _LazyStringParts):
-            raise MetadataError(f"{self.path}: metadata key {key!r} should be an array "
-                                "of strings")
+        parts = self._string_parts(key)
         if not len(parts.starts):
             return memoryview(b"")
         start = int(parts.starts[0]) - 8

@@ -40,6 +40,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
+from functools import lru_cache
 from itertools import accumulate
 from typing import Iterable, Sequence
 
@@ -580,16 +581,11 @@ def _tables_key(gguf, types, params: dict) -> str | None:
     merges as stored, token types, special ids and flags; this code), or None: not
     cached.  ~5 ms: the string arrays are hashed as stored, not as 300k objects."""
     import hashlib
-    import os
     import sys
 
     if gguf.array_length("tokenizer.ggml.tokens") < CACHE_MIN_TOKENS:
         return None
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("tokenizer.py", "pretokenizer.py"):
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
+    h = hashlib.sha256(_code_stamp())
     h.update(repr((sys.version_info[:2], np.__version__,
                    sorted(params.items()))).encode())
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
@@ -597,6 +593,21 @@ def _tables_key(gguf, types, params: dict) -> str | None:
         h.update(gguf.string_array_bytes(key))
     h.update(b"" if types is None else np.asarray(types, np.int64).tobytes())
     return h.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _code_stamp() -> bytes:
+    """sha256 of tokenizer.py and pretokenizer.py, the code that builds the tables (read
+    once per process)."""
+    import hashlib
+    import os
+
+    h = hashlib.sha256()
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in ("tokenizer.py", "pretokenizer.py"):
+        with open(os.path.join(here, name), "rb") as f:
+            h.update(f.read())
+    return h.digest()
 
 
 def _tables_path(key: str):

@@ -305,13 +305,14 @@ def test_unmap_many_equals_one_at_a_time():
 # --- the built tables' disk cache -----------------------------------------------------
 
 _CACHE_PROBES = ["What is the capital of France?", "<|im_start|>user\nhi<|im_end|>",
-                 " \u00e9t\u00e9  1234567 \u4f60\u597d 'll 'LL\n\n\t x", "\U0001f600<think>"]
+                 " \u00e9t\u00e9  1234567 \u4f60\u597d 'll 'LL\n\n\t x",
+                 "\U0001f600<think>"]
 
 
 def _tables(tok):
-    return (tok.tokens, tok.merges, tok.token_types.tolist(), tok.token_bytes, tok.id_of,
-            tok.ranks, tok.special_markers, tok.pretokenizer, tok.bos_id, tok.eos_id,
-            tok.add_bos, tok.add_eos, tok.eot_ids, tok.chat_template)
+    return (tok.tokens, tok.merges, tok.token_types.tolist(), tok.token_bytes,
+            tok.id_of, tok.ranks, tok.special_markers, tok.pretokenizer, tok.bos_id,
+            tok.eos_id, tok.add_bos, tok.add_eos, tok.eot_ids, tok.chat_template)
 
 
 def test_a_cached_tokenizer_is_the_built_one(coder_path, tmp_path, monkeypatch):
@@ -356,7 +357,12 @@ def test_the_cache_key_is_the_vocabulary_and_the_code(coder_path, monkeypatch):
             return io.BytesIO(f.read() + b"#")
         return f
     monkeypatch.setattr("builtins.open", edited_source)
-    assert key != tk._tables_key(gguf, types, params)
+    tk._code_stamp.cache_clear()                         # read once per process
+    try:
+        assert key != tk._tables_key(gguf, types, params)
+    finally:
+        monkeypatch.undo()
+        tk._code_stamp.cache_clear()
 
 
 def test_a_broken_cache_entry_is_built_again(coder_path, tmp_path, monkeypatch):
