@@ -103,11 +103,21 @@ def _skip_unless_usable(level):
                                                if missing else "FUCINA_SIMD caps it"))
 
 
-@pytest.fixture(params=isa.LEVELS)
+GENERIC_FLOAT = "generic-float"   # the generic level, every format on its float kernel
+
+
+@pytest.fixture(params=[*isa.LEVELS, GENERIC_FLOAT])
 def kernels(request, monkeypatch):
-    """Run a test once per instruction-set level this CPU runs (generic everywhere)."""
-    _skip_unless_usable(request.param)
-    monkeypatch.setattr(isa, "level", request.param)
+    """Run a test once per instruction-set level this CPU runs (generic everywhere),
+    and once with the float kernels: the generic level runs portable IR kernels for
+    the 32-element formats where it can (isa.GENERIC_IR), the float ones elsewhere."""
+    level = request.param
+    if level == GENERIC_FLOAT:
+        level = isa.GENERIC
+        for t, k in matvec_mod.FLOAT_KERNELS.items():
+            monkeypatch.setitem(matvec_mod._BY_VALUE, (int(t), isa.GENERIC), k)
+    _skip_unless_usable(level)
+    monkeypatch.setattr(isa, "level", level)
     return request.param
 
 
@@ -613,6 +623,51 @@ def test_levels_emit_only_their_instructions(t):
             assert "{vex}\tvpdpbusd" in code, (t.name, lv)
         else:
             assert "vpdpbusd" not in code and "%ymm" in code, (t.name, lv)
+
+
+def _asm_for(mod, triple: str, cpu: str, features: str = "") -> str:
+    """`mod` (an llvmlite ir.Module) optimized and compiled for another target."""
+    import llvmlite.binding as ll
+
+    ll.initialize_all_targets()
+    ll.initialize_all_asmprinters()
+    tm = ll.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
+                                                             opt=3)
+    llmod = ll.parse_assembly(str(mod))
+    llmod.triple, llmod.data_layout = tm.triple, str(tm.target_data)
+    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=3))
+    pb.getModulePassManager().run(llmod, pb)
+    return tm.emit_assembly(llmod)
+
+
+@pytest.mark.parametrize("t", _int_matvec.GENERIC_FORMATS, ids=lambda t: t.name)
+def test_generic_ir_kernels_are_portable(t):
+    # The generic level's IR kernels name no target intrinsic, so LLVM compiles them
+    # for any CPU: for 64-bit ARM they become NEON widening multiplies and native f16
+    # conversions, with no call to a runtime function; for a plain x86-64 v3 CPU,
+    # vpmullw / vpmaddwd and vcvtph2ps.
+    mod = _jit.new_module("generic")
+    IntKernels(t, isa.GENERIC).build(mod)
+    text = str(mod)
+    assert "llvm.x86" not in text and "llvm.prefetch" in text
+    arm = _asm_for(mod, "aarch64-unknown-linux-gnu", "neoverse-n1")
+    assert re.search(r"\b(smull2?|mul)\s+v\d+\.8h", arm) and "fcvtl" in arm, t.name
+    assert not re.search(r"\n\s*bl\s", arm), t.name
+    x86 = _asm_for(mod, "x86_64-unknown-linux-gnu", "haswell")
+    assert "vpmaddwd" in x86 and "vcvtph2ps" in x86, t.name
+    assert not re.search(r"\n\s*call", x86), t.name
+
+
+def test_generic_level_needs_native_half():
+    assert isa.native_half("+avx2,+f16c,+fma", "x86_64")
+    assert not isa.native_half("+sse4.2,-f16c", "x86_64")
+    assert isa.native_half("", "aarch64") and isa.native_half("+neon", "arm64")
+    assert not isa.native_half("", "ppc64le")
+    if isa.GENERIC_IR:
+        assert isinstance(matvec_mod.KERNELS[(T.Q5_0, isa.GENERIC)], IntKernels)
+    else:
+        assert matvec_mod.KERNELS[(T.Q5_0, isa.GENERIC)] is matvec_mod._mv_q5_0
+    assert (T.Q5_0, isa.GENERIC) not in matmul_mod.KERNELS     # no tiles: gemv path
 
 
 @x86_only

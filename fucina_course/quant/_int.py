@@ -83,6 +83,8 @@ class IntKernels:
         wide = opts.get("width") == 512 or (builder.__name__ == "blk32_row"
                                             and lv == "avx512vnni")
         kquant = builder.__name__ != "blk32_row"
+        if lv == "generic":
+            return "portable IR (int16 products)"
         if lv == "avx2":
             ops = "vpmaddubsw + vpmaddwd"
             if t.name == "Q8_0":

@@ -39,6 +39,10 @@ exceed 2^15 - 1, which decides how each format is fed:
   integer totals first (`q4k_row`): their float work is the same at every level, and a
   tile of rows does it for 8 rows in one vector.
 
+The generic level builds the 4- and 5-bit 32-element formats with the same code,
+`dot4` written in plain vector IR (`_ir.dot4_portable`), compiled for the host as
+numba compiles its own code.
+
 `ROW_BUILDERS` (end of file) says which builder each (format, level) uses; _int.py
 turns them into kernels.
 """
@@ -556,6 +560,16 @@ def _row_spec(t, level):
 INT_FORMATS = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 INT_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
 ROW_BUILDERS = {(t, lv): _row_spec(t, lv) for t in INT_FORMATS for lv in INT_LEVELS}
+# The generic level's IR kernels: the 4- and 5-bit 32-element formats, whose builder
+# needs nothing but `dot4` from a level, with lane offsets as on the VNNI levels.  Not
+# the k-quants (their builders use vpmaddwd / vpdpwssd / vpackssdw directly), nor Q8_0:
+# its float kernel has no bits to unpack and ran at 10.8-11.5 GB/s, the IR one at
+# 8.0-9.8 (unsigned + offsets, signed int16 products, or vpmaddwd's pattern; haswell
+# code, 2026-12-01).  Against the float kernels, sweep: Q5_0 2.8x, Q5_1 2.5x, Q4_0 and
+# Q4_1 1.5x (docs/BENCHMARKS.md#generic-ir-kernels).
+GENERIC_FORMATS = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
+ROW_BUILDERS.update({(t, isa.GENERIC): _row_spec(t, isa.GENERIC)
+                     for t in GENERIC_FORMATS})
 
 
 def row_function(t, level):

@@ -7,14 +7,19 @@ A *level* names a family of kernels, best first:
 | avx512vnni | `vpdpbusd` on zmm / ymm (EVEX) | Intel Ice Lake+ (servers), Zen 4+ |
 | avxvnni | `{vex} vpdpbusd` on ymm | Intel Alder Lake+ (most laptops since 2021) |
 | avx2 | `vpmaddubsw` + `vpmaddwd` on ymm | Haswell+, every Zen |
-| generic | none: float loops LLVM vectorizes | anything numba runs on (ARM, Apple) |
+| generic | none: portable IR or float loops | anything numba runs on (ARM, Apple) |
 
 The three x86 levels are integer kernels written in LLVM IR (_int_matvec.py,
 _int_matmul.py) and compiled by LLVM for the level's features only (`target`, _jit.py):
 the avx2 kernels are compiled for a CPU that has no AVX-512, so LLVM cannot emit a zmm
 register, an EVEX encoding or a mask register in them, even on a machine that has all
-three (tests/test_quant.py reads their assembly to be sure).  "generic" is the portable
-float kernels of matvec.py, which numba compiles for whatever CPU it runs on.
+three (tests/test_quant.py reads their assembly to be sure).  "generic" is portable
+code compiled for whatever CPU numba compiles for: the 4- and 5-bit 32-element formats
+(Q4_0, Q5_0, Q4_1, Q5_1) as the same IR kernels with the dot product written in plain
+LLVM vector operations (`_ir.dot4_portable`: int16 products, int32 pair sums; no target
+intrinsic, so LLVM picks the host's instructions, NEON on ARM), where LLVM converts f16
+natively (`GENERIC_IR`); every other format, and those on a CPU without, as the float
+kernels of matvec.py.
 
 The choice is made once, at import: the best level whose `NEEDED` features are all in
 the feature string numba compiles for (the host's, or NUMBA_CPU_FEATURES).
@@ -30,6 +35,7 @@ and table entries there.
 from __future__ import annotations
 
 import os
+import platform
 import warnings
 
 import llvmlite.binding as ll
@@ -68,8 +74,20 @@ def target(level: str) -> tuple[str, str, str]:
     baseline x86-64 CPU plus exactly the level's features, scheduled for this CPU
     (tuning orders instructions, it never adds any; without it one run was 5-8% slower
     in cache, docs/BENCHMARKS.md#instruction-set-levels)."""
+    if level == GENERIC:            # portable IR: compiled as numba compiles its code
+        return numba_cpu_name(), numba_cpu_features(), numba_cpu_name()
     features = ",".join("+" + f for f in sorted(NEEDED[level]))
     return "x86-64", features, numba_cpu_name()
+
+
+def native_half(features: str, arch: str) -> bool:
+    """True if LLVM converts f16 to f32 with an instruction on this target: x86 with
+    F16C, or 64-bit ARM (base ARMv8).  Elsewhere it calls a runtime function that the
+    kernels' JIT linker may not find, so the generic level keeps its float kernels."""
+    arch = arch.lower()
+    if arch in ("x86_64", "amd64"):
+        return "+f16c" in features.split(",")
+    return arch in ("aarch64", "arm64")
 
 
 def numba_cpu_features() -> str:
@@ -112,6 +130,8 @@ _CAP = requested()
 USABLE: tuple[str, ...] = usable_levels(numba_cpu_features(), _CAP)
 BEST = USABLE[0]
 HAVE_VNNI = AVX512VNNI in USABLE
+# The generic level's 32-element formats run as portable IR kernels (else float loops).
+GENERIC_IR = native_half(numba_cpu_features(), platform.machine())
 if _CAP != BEST and os.environ.get("FUCINA_SIMD"):
     warnings.warn(f"FUCINA_SIMD={_CAP}: this CPU lacks "
                   f"{', '.join(sorted(NEEDED[_CAP] - NEEDED[BEST]))}; using {BEST}",

@@ -112,8 +112,10 @@ def rows_blas_min_rows(ggml_type) -> int:
 
 # (format, instruction-set level) -> multi-row kernel: the tile kernels of each integer
 # level (the same `IntKernels` as matvec's, one compiled module per format and level).
-# The generic level has none: "rows" is then the "gemv" path.
-KERNELS = {key: k for key, k in _MV_KERNELS.items() if isinstance(k, IntKernels)}
+# The generic level has none (its IR kernels are matvec's only): "rows" is then the
+# "gemv" path.
+KERNELS = {(t, lv): k for (t, lv), k in _MV_KERNELS.items()
+           if isinstance(k, IntKernels) and lv != isa.GENERIC}
 _BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
 
 # float32 elements per dequantized weight tile (16 MB, reused per thread): faster than
@@ -253,13 +255,12 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
     types = sorted(FORMATS if types is None else {T(int(t)) for t in types}, key=int)
     for t in types:
         lv, k = kernel_for(t, level)
-        if isinstance(k, IntKernels):
-            mv = k.describe()
+        mv = k.describe() if isinstance(k, IntKernels) else "float32 lanes (numba)"
+        if (t, lv) in KERNELS:
             n = (ROWS_BLAS_MIN_ROWS if lv == isa.BEST
                  else ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv])[t]
             mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
         else:
-            mv = "float32 lanes (numba)"
             mm = f"matvec per row < {PREFILL_MIN_ROWS} rows, BLAS above"
         rows.append((t.name, lv, mv, mm))
     return rows

@@ -22,7 +22,9 @@ reference.py, a numpy transcription of the formulas, and against llama.cpp's own
 Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 * integer kernels (_int_matvec.py) for the quantized formats at the x86 levels of isa.py
   (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
-* float kernels (below), the "generic" level: every format on every CPU, the only ones
+  and, at the "generic" level, for Q4_0 / Q5_0 / Q4_1 / Q5_1 as portable vector IR;
+* float kernels (below): every format on every CPU, what the generic level runs for the
+  others (and for all on a CPU whose LLVM has no native f16 conversion), the only ones
   for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
   loops: its sub-block scales are integers, so a super-block needs one horizontal sum,
   not one per 32 elements as the other formats would.)
@@ -62,7 +64,7 @@ from numba import njit, prange  # noqa: E402
 
 from . import isa  # noqa: E402
 from ._int import IntKernels, run  # noqa: E402
-from ._int_matvec import INT_FORMATS  # noqa: E402
+from ._int_matvec import GENERIC_FORMATS, INT_FORMATS  # noqa: E402
 from ._intrinsics import f16_to_f32, prefetch, u32_as_f32  # noqa: E402
 from .activations import quantize_activations  # noqa: E402
 from .matrix import MultiMatrix  # noqa: E402
@@ -453,17 +455,23 @@ def _mv_f32(w32, wf, x, y):
 
 # --- dispatch -------------------------------------------------------------------------
 
-# (format, instruction-set level) -> kernel: the generic float kernels above for every
-# format, and an `IntKernels` (compiled on first use) for each quantized format at each
-# integer level.  `fucina info --kernels` prints it.
-KERNELS = {
-    (T.Q8_0, isa.GENERIC): _mv_q8_0, (T.Q4_0, isa.GENERIC): _mv_q4_0,
-    (T.Q5_0, isa.GENERIC): _mv_q5_0, (T.Q4_1, isa.GENERIC): _mv_q4_1,
-    (T.Q5_1, isa.GENERIC): _mv_q5_1, (T.Q4_K, isa.GENERIC): _mv_q4_k,
-    (T.Q5_K, isa.GENERIC): _mv_q5_k, (T.Q6_K, isa.GENERIC): _mv_q6_k,
-    (T.F16, isa.GENERIC): _mv_f16, (T.BF16, isa.GENERIC): _mv_bf16,
-    (T.F32, isa.GENERIC): _mv_f32,
+# format -> its float kernel above: every format has one; the generic level runs them
+# except where it has IR kernels (below).  Tests run each against the reference.
+FLOAT_KERNELS = {
+    T.Q8_0: _mv_q8_0, T.Q4_0: _mv_q4_0, T.Q5_0: _mv_q5_0, T.Q4_1: _mv_q4_1,
+    T.Q5_1: _mv_q5_1, T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_k,
+    T.F16: _mv_f16, T.BF16: _mv_bf16, T.F32: _mv_f32,
 }
+# (format, instruction-set level) -> kernel: an `IntKernels` (compiled on first use)
+# for each quantized format at each integer level; at the generic level the portable
+# IR kernels of _int_matvec.GENERIC_FORMATS where LLVM converts f16 natively
+# (isa.GENERIC_IR; Q5_0 2.8x the float kernel over a sweep, haswell code,
+# docs/BENCHMARKS.md#generic-ir-kernels), else the float kernels.  `fucina info
+# --kernels` prints it.
+KERNELS = {(t, isa.GENERIC): k for t, k in FLOAT_KERNELS.items()}
+if isa.GENERIC_IR:
+    KERNELS.update({(t, isa.GENERIC): IntKernels(t, isa.GENERIC)
+                    for t in GENERIC_FORMATS})
 KERNELS.update({(t, lv): IntKernels(t, lv) for t in INT_FORMATS
                 for lv in (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)})
 # What may be dispatched: only the levels this CPU runs (isa.USABLE), so no illegal
