@@ -25,7 +25,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import _jit
+from . import _jit, isa
 from ._int_matmul import tile_function, tile_prep_function, tile_side_function
 from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
                           row_function)
@@ -43,20 +43,28 @@ class IntKernels:
     def __repr__(self) -> str:
         return f"IntKernels({self.ggml_type.name}, {self.level})"
 
+    @property
+    def has_tiles(self) -> bool:
+        """False at the generic level: its IR kernels are matvec only (matmul's "rows"
+        path runs them row by row; the tile builders use x86 intrinsics)."""
+        return self.level != isa.GENERIC
+
     def symbols(self) -> list[str]:
         base = f"{self.name}_{self.level}"
-        return [f"{base}_{part}" for part in ("prep_mv", "matvec", "prep_mm", "matmul")]
+        parts = ("prep_mv", "matvec", "prep_mm", "matmul")
+        return [f"{base}_{part}" for part in parts[:4 if self.has_tiles else 2]]
 
     def build(self, mod: ir.Module) -> None:
-        """Define the four functions of `symbols()` in `mod` (a prep may be empty)."""
+        """Define the functions of `symbols()` in `mod` (a prep may be empty)."""
         t, lv = self.ggml_type, self.level
         bpb = FORMATS[t].block_bytes
-        prep_mv, matvec, prep_mm, matmul = self.symbols()
-        define_prep(mod, prep_mv, prep_function(t, lv) or _no_prep)
-        define_matvec(mod, matvec, row_function(t, lv), bpb, PREFETCH)
-        define_prep(mod, prep_mm, tile_prep_function(t, lv) or _no_prep)
-        define_matmul(mod, matmul, tile_function(t, lv), bpb, PREFETCH,
-                      tile_side_function(t, lv))
+        names = self.symbols()
+        define_prep(mod, names[0], prep_function(t, lv) or _no_prep)
+        define_matvec(mod, names[1], row_function(t, lv), bpb, PREFETCH)
+        if self.has_tiles:
+            define_prep(mod, names[2], tile_prep_function(t, lv) or _no_prep)
+            define_matmul(mod, names[3], tile_function(t, lv), bpb, PREFETCH,
+                          tile_side_function(t, lv))
 
     @property
     def cached(self) -> bool:
@@ -67,11 +75,12 @@ class IntKernels:
         """The functions' addresses (compiled on first use); 0 for an empty prep."""
         if self.fns is None:
             addr = _jit.load(self.name, self.level, self.build, self.symbols())
-            fns = np.array([addr[s] for s in self.symbols()], np.int64)
+            fns = np.zeros(4, np.int64)       # no tiles: run() is never given row < 0
+            fns[:len(addr)] = [addr[s] for s in self.symbols()]
             t, lv = self.ggml_type, self.level
             if prep_function(t, lv) is None:
                 fns[0] = 0
-            if tile_prep_function(t, lv) is None:
+            if not self.has_tiles or tile_prep_function(t, lv) is None:
                 fns[2] = 0
             self.fns = fns
         return self.fns

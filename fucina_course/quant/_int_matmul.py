@@ -133,7 +133,8 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
 
             def one_row(r, k):
                 _, xd, xbs, _ = tile.ptrs(b, r)
-                q4k_block_floats(b, i, ddw, mw, b.load(sums(b, k)), xd, xbs, acc2(b, k))
+                q4k_block_floats(b, i, ddw, mw, b.load(sums(b, k)), xd, xbs, acc2(b, k),
+                                 level)
             rows.each(b, one_row)
 
     if full:

@@ -39,9 +39,10 @@ exceed 2^15 - 1, which decides how each format is fed:
   integer totals first (`q4k_row`): their float work is the same at every level, and a
   tile of rows does it for 8 rows in one vector.
 
-The generic level builds the 4- and 5-bit 32-element formats with the same code,
-`dot4` written in plain vector IR (`_ir.dot4_portable`), compiled for the host as
-numba compiles its own code.
+The generic level builds the 4- and 5-bit formats with the same code (Q4_K / Q5_K
+and the lane sums as avx2 has them), its dot products written in plain vector IR
+(`_ir.dot4_portable`, `maddubs`, `madd`), compiled for the host as numba compiles its
+own code.
 
 `ROW_BUILDERS` (end of file) says which builder each (format, level) uses; _int.py
 turns them into kernels.
@@ -55,11 +56,12 @@ from llvmlite import ir
 from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
                   dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
-                  load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle, splat,
-                  sum_pair)
+                  load_f16, madd, maddubs, packssdw, prefetch, shuffle, splat, sum_pair)
 from .formats import FORMATS
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
+# levels without a 4-product dot: int16 pairs (`maddubs`), then int32 (`madd`)
+PAIR_LEVELS = (isa.AVX2, isa.GENERIC)
 PREFETCH = 2048    # bytes ahead in the weight stream (docs/BENCHMARKS.md#prefetch)
 
 # --- activation preparation, once per call (define_prep bodies) -----------------------
@@ -192,7 +194,7 @@ def q4k_scale_words(b, level, sm, width, sub_lo, sub_hi):
     packssdw(dot_lo, dot_hi), per 128-bit lane L 4 words of lo's sub-block then 4 of
     hi's.  avx2: a pair (lo's scale in every word, hi's)."""
     undef = ir.Constant(V(I8, 16), None)
-    if level == isa.AVX2:
+    if level in PAIR_LEVELS:
         return tuple(b.bitcast(shuffle(b, sm, undef, _pairs_w([s] * 16, 16)),
                                V(I16, 16)) for s in (sub_lo[0], sub_hi[0]))
     idx = []
@@ -204,9 +206,9 @@ def q4k_scale_words(b, level, sm, width, sub_lo, sub_hi):
 
 def q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc):
     """sumi + the scaled products of one quant vector pair (lo, hi) with (xlo, xhi)."""
-    if level == isa.AVX2:
-        plo = pmaddwd(b, pmaddubsw(b, lo, xlo), sc[0])
-        phi = pmaddwd(b, pmaddubsw(b, hi, xhi), sc[1])
+    if level in PAIR_LEVELS:
+        plo = madd(b, level, maddubs(b, level, lo, xlo), sc[0])
+        phi = madd(b, level, maddubs(b, level, hi, xhi), sc[1])
         return b.add(sumi, b.add(plo, phi))
     zero = ir.Constant(V(I32, lo.type.count // 4), None)
     dlo = dpbusd(b, zero, lo, xlo)
@@ -262,16 +264,16 @@ def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
             xlo, xhi = q4k_x(b, x, xo, j, width)
             sc = q4k_scale_words(b, level, sm, width, sub_lo, sub_hi)
             sumi = q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc)
-        q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p)
+        q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p, level)
     return q4k_result(b, b.load(acc_p))
 
 
-def q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p):
+def q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p, level):
     """One row's float work for super-block i, the same in `q4k_row` and in a partial
     tile of `_int_matmul.q4k_rows` (so their rows agree bit for bit): the exact totals
     (isum, msum), then (acc, accm) += (d_w, dmin_w) * d_x * (isum, msum) in acc_p."""
     dd = b.fmul(ddw, splat(b, load(b, xd, b.mul(i, i64(4)), F32), 2))
-    msum = pmaddwd(b, mw, load(b, xbs, b.mul(i, i64(32)), V(I32, 8)))  # m_s * bsum_s
+    msum = madd(b, level, mw, load(b, xbs, b.mul(i, i64(32)), V(I32, 8)))  # m_s bsum_s
     totals = b.sitofp(sum_pair(b, sumi, msum), V(F32, 2))
     b.store(fma(b, dd, totals, b.load(acc_p)), acc_p)
 
@@ -345,10 +347,12 @@ def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
             us = q6k_quants(b, p, n)
             xvs = [load(b, x, b.add(xo, i64(128 * n + 32 * k)), V(I8, 32))
                    for k in range(4)]
-            if level == isa.AVX2:
+            if level in PAIR_LEVELS:
                 for k in range(4):
-                    p16 = b.sub(pmaddubsw(b, us[k], xvs[k]), pmaddubsw(b, c32, xvs[k]))
-                    sumi = b.add(sumi, pmaddwd(b, p16, q6k_pair_scales(b, sc16, n, k)))
+                    p16 = b.sub(maddubs(b, level, us[k], xvs[k]),
+                                maddubs(b, level, c32, xvs[k]))
+                    scw = q6k_pair_scales(b, sc16, n, k)
+                    sumi = b.add(sumi, madd(b, level, p16, scw))
                 continue
             # xoff has one int32 per 4 activations: its byte offset equals the element's
             dots = []
@@ -551,7 +555,7 @@ def _row_spec(t, level):
         return (q4k_row, dict(width=width, five=t == T.Q5_K),
                 "interleave" if width == 512 else None)
     if t == T.Q6_K:
-        return q6k_row, {}, None if level == isa.AVX2 else "offsets"
+        return q6k_row, {}, None if level in PAIR_LEVELS else "offsets"
     off = unsigned_offset(t)
     offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
     return blk32_row, dict(t=t), "offsets" if offsets else None
@@ -560,14 +564,15 @@ def _row_spec(t, level):
 INT_FORMATS = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 INT_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
 ROW_BUILDERS = {(t, lv): _row_spec(t, lv) for t in INT_FORMATS for lv in INT_LEVELS}
-# The generic level's IR kernels: the 4- and 5-bit 32-element formats, whose builder
-# needs nothing but `dot4` from a level, with lane offsets as on the VNNI levels.  Not
-# the k-quants (their builders use vpmaddwd / vpdpwssd / vpackssdw directly), nor Q8_0:
-# its float kernel has no bits to unpack and ran at 10.8-11.5 GB/s, the IR one at
-# 8.0-9.8 (unsigned + offsets, signed int16 products, or vpmaddwd's pattern; haswell
-# code, 2026-12-01).  Against the float kernels, sweep: Q5_0 2.8x, Q5_1 2.5x, Q4_0 and
-# Q4_1 1.5x (docs/BENCHMARKS.md#generic-ir-kernels).
-GENERIC_FORMATS = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
+# The generic level's IR kernels (matvec only): the 4- and 5-bit formats, whose row
+# builders take their dot products from `dot4` / `maddubs` / `madd` (plain IR at this
+# level; Q4_K / Q5_K as avx2 does them), with lane offsets as on the VNNI levels for
+# the 32-element ones.  Against the float kernels over a sweep (haswell code,
+# 2026-12-01, docs/BENCHMARKS.md#generic-ir-kernels): Q5_K 3.4x, Q5_0 2.8x, Q5_1 2.5x,
+# Q4_K 1.9x, Q4_0 and Q4_1 1.5x.  Not Q8_0: its float kernel has no bits to unpack and
+# ran at 10.8-11.5 GB/s, the IR one at 8.0-9.8 (unsigned + offsets, signed int16
+# products, or vpmaddwd's pattern); nor Q6_K (7.7 GB/s both).
+GENERIC_FORMATS = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)
 ROW_BUILDERS.update({(t, isa.GENERIC): _row_spec(t, isa.GENERIC)
                      for t in GENERIC_FORMATS})
 

@@ -162,6 +162,33 @@ def dot4(builder, level, acc, u8, s8):
     return s if acc is None else builder.add(acc, s)
 
 
+def maddubs(builder, level, u8, s8):
+    """<n/2 x i16>: the sum of each pair of adjacent u8 x s8 products: vpmaddubsw on x86
+    (saturating), in plain IR at the generic level (wrapping).  The callers keep the
+    pairs within int16, where both are exact."""
+    if level != isa.GENERIC:
+        return pmaddubsw(builder, u8, s8)
+    n = u8.type.count
+    prod = builder.mul(builder.zext(u8, V(I16, n)), builder.sext(s8, V(I16, n)))
+    return builder.add(shuffle(builder, prod, prod, range(0, n, 2)),
+                       shuffle(builder, prod, prod, range(1, n, 2)))
+
+
+def madd(builder, level, a16, b16):
+    """<n/2 x i32>: the sum of each pair of adjacent s16 x s16 products: vpmaddwd on
+    x86, in plain IR at the generic level (the pattern LLVM selects vpmaddwd for)."""
+    if level != isa.GENERIC:
+        return pmaddwd(builder, a16, b16)
+    n = a16.type.count // 2 if a16.type.element == I16 else a16.type.count
+    a16 = builder.bitcast(a16, V(I16, 2 * n))
+    b16 = builder.bitcast(b16, V(I16, 2 * n))
+
+    def half(v, k):
+        return builder.sext(shuffle(builder, v, v, range(k, 2 * n, 2)), V(I32, n))
+    return builder.add(builder.mul(half(a16, 0), half(b16, 0)),
+                       builder.mul(half(a16, 1), half(b16, 1)))
+
+
 def dot4_portable(builder, u8, s8):
     """<n/4 x i32>: the sum of each lane's 4 u8 x s8 products, in plain vector IR (the
     generic level: no target intrinsic).  Each product is exact in int16 (255 * 128 <

@@ -22,7 +22,7 @@ reference.py, a numpy transcription of the formulas, and against llama.cpp's own
 Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 * integer kernels (_int_matvec.py) for the quantized formats at the x86 levels of isa.py
   (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
-  and, at the "generic" level, for Q4_0 / Q5_0 / Q4_1 / Q5_1 as portable vector IR;
+  and, at the "generic" level, for the 4- and 5-bit formats as portable vector IR;
 * float kernels (below): every format on every CPU, what the generic level runs for the
   others (and for all on a CPU whose LLVM has no native f16 conversion), the only ones
   for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
