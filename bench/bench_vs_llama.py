@@ -1,7 +1,7 @@
 """fucina vs llama.cpp: the same GGUF, the same threads, one after the other.
 
     python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256]
-        [--tg 128] [--repeats 3] [--levels avx512vnni,avx2,generic]
+        [--tg 128] [--repeats 3] [--rounds 1] [--levels avx512vnni,avx2,generic]
         [--llama-path DIR] [--llama-avx2 DIR] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
@@ -33,6 +33,14 @@ from position 0; median of `--repeats`.  llama.cpp runs through llama-cpp-python
 (`Llama.eval`), f16 KV cache, n_batch 512, the same thread count; its per-call Python
 overhead is ~0.1 ms, under 1% of a decode step here.  Each engine runs in its own
 subprocess, sequentially, so neither disturbs the other's timing.
+
+`--rounds N`: each fucina run is followed by a llama.cpp run of the matching build, N
+times over; the table gives each engine's median over the rounds and the median of the
+rounds' ratios.  On a shared virtual machine whose speed drifts by tens of percent
+from one minute to the next (2026-12-01: llama.cpp's own AVX2 prefill measured 95 and
+161 tok/s in two runs an hour apart), a ratio of two runs made back to back is the
+figure that means something; with one round, llama.cpp is measured once per build and
+model and every level is compared with that one run.
 """
 
 from __future__ import annotations
@@ -162,6 +170,9 @@ def main() -> None:
     ap.add_argument("--pp", default="16,64,256")
     ap.add_argument("--tg", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="fucina / llama.cpp pairs per level, run back to back; medians "
+                         "over the rounds (see the module docstring)")
     ap.add_argument("--levels", default="",
                     help="fucina kernel levels, comma-separated (FUCINA_SIMD; "
                          "default: the best this CPU runs)")
@@ -193,34 +204,47 @@ def main() -> None:
         path = resolve(model)
         print(f"== {model}: {path}", file=sys.stderr)
         theirs_by_build: dict = {}
-        for level in levels:
-            build = args.llama_path
-            if level and level != "avx512vnni" and args.llama_avx2:
-                build = args.llama_avx2
-            env = {"FUCINA_SIMD": level} if level else {}
-            if args.emulate:
-                env.update(EMULATE.get(level, {}))
-            ours = run_sub(["-m", "fucina_course", "bench", path, "--threads",
-                            str(args.threads), "--pp", args.pp, "--tg", str(args.tg),
-                            "--repeats", str(args.repeats), "--json"], args.threads,
-                           env)
-            if build not in theirs_by_build:
-                theirs_by_build[build] = run_sub(
-                    [__file__, "x", "--llama-worker", path, str(args.threads), args.pp,
-                     str(args.tg), str(args.repeats)], args.threads, llama_env(build))
-            theirs = theirs_by_build[build]
-            builds[theirs["build"]] = theirs["isa"]
-            label = level or "default"
-            pairs = [(f"pp{a['tokens']}", a["tok_s"], b["tok_s"])
-                     for a, b in zip(ours["prefill"], theirs["prefill"])]
-            if "decode" in ours:
-                pairs.append((f"tg{ours['decode']['tokens']}",
-                              ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
-            for test, a, b in pairs:
-                rows.append((model, label, theirs["isa"], test, a, b))
-                print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
-                      f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}",
-                      file=sys.stderr)
+        # (level, test) -> [(fucina tok/s, llama.cpp tok/s)], one pair per round
+        runs: dict = {}
+        for rnd in range(args.rounds):
+            if args.rounds > 1:
+                theirs_by_build = {}            # llama.cpp again, right after fucina
+            for level in levels:
+                build = args.llama_path
+                if level and level != "avx512vnni" and args.llama_avx2:
+                    build = args.llama_avx2
+                env = {"FUCINA_SIMD": level} if level else {}
+                if args.emulate:
+                    env.update(EMULATE.get(level, {}))
+                ours = run_sub(["-m", "fucina_course", "bench", path, "--threads",
+                                str(args.threads), "--pp", args.pp, "--tg",
+                                str(args.tg), "--repeats", str(args.repeats), "--json"],
+                               args.threads, env)
+                if build not in theirs_by_build or args.rounds > 1:
+                    theirs_by_build[build] = run_sub(
+                        [__file__, "x", "--llama-worker", path, str(args.threads),
+                         args.pp, str(args.tg), str(args.repeats)], args.threads,
+                        llama_env(build))
+                theirs = theirs_by_build[build]
+                builds[theirs["build"]] = theirs["isa"]
+                label = level or "default"
+                pairs = [(f"pp{a['tokens']}", a["tok_s"], b["tok_s"])
+                         for a, b in zip(ours["prefill"], theirs["prefill"])]
+                if "decode" in ours:
+                    pairs.append((f"tg{ours['decode']['tokens']}",
+                                  ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
+                for test, a, b in pairs:
+                    runs.setdefault((label, theirs["isa"], test), []).append((a, b))
+                    print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
+                          f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}"
+                          + (f"   (round {rnd + 1})" if args.rounds > 1 else ""),
+                          file=sys.stderr)
+        for (label, isa, test), got in runs.items():
+            rows.append((model, label, isa, test,
+                         statistics.median(a for a, _ in got),
+                         statistics.median(b for _, b in got),
+                         statistics.median(a / b for a, b in got),
+                         [a / b for a, b in got]))
     if args.markdown:
         cpu = "?"
         try:
@@ -230,16 +254,21 @@ def main() -> None:
             pass
         emu = ("levels below avx512vnni emulate a CPU without AVX-512 (numba, "
                "OpenBLAS)" if args.emulate else "FUCINA_SIMD only")
+        rounds = (f"; {args.rounds} rounds (each fucina run followed by llama.cpp's): "
+                  "medians over the rounds, ratio = the median of the rounds' ratios"
+                  if args.rounds > 1 else "")
         print(f"\n{datetime.date.today()} — {cpu}, {os.cpu_count()} cores, "
               f"threads={args.threads}, Python {platform.python_version()}, median of "
-              f"{args.repeats}; {emu}; llama.cpp builds: "
+              f"{args.repeats}{rounds}; {emu}; llama.cpp builds: "
               + "; ".join(f"{b} ({isa})" for b, isa in builds.items()) + "\n")
+        each = " | rounds" if args.rounds > 1 else ""
         print("| model | fucina level | llama.cpp ISA | test | fucina tok/s | "
-              "llama.cpp tok/s | ratio |")
-        print("|---|---|---|---|---:|---:|---:|")
-        for model, level, isa, test, a, b in rows:
+              f"llama.cpp tok/s | ratio{each} |")
+        print("|---|---|---|---|---:|---:|---:|" + ("---|" if each else ""))
+        for model, level, isa, test, a, b, ratio, per_round in rows:
+            extra = (" | " + " ".join(f"{r:.2f}" for r in per_round)) if each else ""
             print(f"| {model} | {level} | {isa} | {test} | {a:.1f} | {b:.1f} | "
-                  f"{a / b:.2f} |")
+                  f"{ratio:.2f}{extra} |")
 
 
 if __name__ == "__main__":
