@@ -57,11 +57,14 @@ def target_machine(level: str):
     """An LLVM target machine for `level`'s features only (isa.target)."""
     init()
     cpu, features, _ = isa.target(level)
-    # static relocations and the JIT's (large) code model, as numba's own JIT uses on
-    # x86: MCJIT places each section anywhere in memory
-    return ll.Target.from_default_triple().create_target_machine(
-        cpu=cpu, features=features, opt=3, reloc="static", codemodel="jitdefault",
-        jit=True)
+    target = ll.Target.from_default_triple()
+    # the relocations and code model numba's own JIT uses on this architecture (static
+    # on x86, where MCJIT places each section anywhere in memory; PIC on POWER; the
+    # default elsewhere: the generic level's kernels on ARM)
+    reloc = ("static" if target.name.startswith("x86") else
+             "pic" if target.name.startswith("ppc") else "default")
+    return target.create_target_machine(cpu=cpu, features=features, opt=3,
+                                        reloc=reloc, codemodel="jitdefault", jit=True)
 
 
 def cache_dir() -> str:
