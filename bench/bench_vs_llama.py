@@ -207,8 +207,6 @@ def main() -> None:
         # (level, test) -> [(fucina tok/s, llama.cpp tok/s)], one pair per round
         runs: dict = {}
         for rnd in range(args.rounds):
-            if args.rounds > 1:
-                theirs_by_build = {}            # llama.cpp again, right after fucina
             for level in levels:
                 build = args.llama_path
                 if level and level != "avx512vnni" and args.llama_avx2:
@@ -220,6 +218,7 @@ def main() -> None:
                                 str(args.threads), "--pp", args.pp, "--tg",
                                 str(args.tg), "--repeats", str(args.repeats), "--json"],
                                args.threads, env)
+                # rounds: llama.cpp again right after each fucina run
                 if build not in theirs_by_build or args.rounds > 1:
                     theirs_by_build[build] = run_sub(
                         [__file__, "x", "--llama-worker", path, str(args.threads),

@@ -110,7 +110,7 @@ GENERIC_FLOAT = "generic-float"   # the generic level, every format on its float
 def kernels(request, monkeypatch):
     """Run a test once per instruction-set level this CPU runs (generic everywhere),
     and once with the float kernels: the generic level runs portable IR kernels for
-    the 32-element formats where it can (isa.GENERIC_IR), the float ones elsewhere."""
+    the 4- and 5-bit formats where it can (isa.GENERIC_IR), the float ones elsewhere."""
     level = request.param
     if level == GENERIC_FLOAT:
         level = isa.GENERIC

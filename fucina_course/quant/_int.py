@@ -88,12 +88,12 @@ class IntKernels:
     def describe(self) -> str:
         """What the kernels do, in a few words (`fucina info --kernels`)."""
         t, lv = self.ggml_type, self.level
+        if lv == "generic":
+            return "portable IR (int16 products)"
         builder, opts, prep = ROW_BUILDERS[(t, lv)]
         wide = opts.get("width") == 512 or (builder.__name__ == "blk32_row"
                                             and lv == "avx512vnni")
         kquant = builder.__name__ != "blk32_row"
-        if lv == "generic":
-            return "portable IR (int16 products)"
         if lv == "avx2":
             ops = "vpmaddubsw + vpmaddwd"
             if t.name == "Q8_0":

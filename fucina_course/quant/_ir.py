@@ -168,10 +168,7 @@ def maddubs(builder, level, u8, s8):
     pairs within int16, where both are exact."""
     if level != isa.GENERIC:
         return pmaddubsw(builder, u8, s8)
-    n = u8.type.count
-    prod = builder.mul(builder.zext(u8, V(I16, n)), builder.sext(s8, V(I16, n)))
-    return builder.add(shuffle(builder, prod, prod, range(0, n, 2)),
-                       shuffle(builder, prod, prod, range(1, n, 2)))
+    return _neighbour_sums(builder, _products16(builder, u8, s8))
 
 
 def madd(builder, level, a16, b16):
@@ -196,17 +193,25 @@ def dot4_portable(builder, u8, s8):
     turns it into vpmovzxbw / vpmovsxbw, vpmullw, vphaddw and vpmaddwd (it proves the
     Q5_0 pairs fit int16); widening the bytes to int32 before multiplying instead ran
     the Q5_0 kernel at 5.4 GB/s, against 11.8 for this (haswell code, in cache)."""
-    n = u8.type.count
-    prod = builder.mul(builder.zext(u8, V(I16, n)), builder.sext(s8, V(I16, n)))
+    pairs = _neighbour_sums(builder, _products16(builder, u8, s8), I32)
+    return _neighbour_sums(builder, pairs)
 
-    def pairs(v, m):
-        """m/2 lanes: v's neighbouring lanes added (int32)."""
-        lo = shuffle(builder, v, v, range(0, m, 2))
-        hi = shuffle(builder, v, v, range(1, m, 2))
-        if v.type.element == I16:
-            lo, hi = builder.sext(lo, V(I32, m // 2)), builder.sext(hi, V(I32, m // 2))
-        return builder.add(lo, hi)
-    return pairs(pairs(prod, n), n // 2)
+
+def _products16(builder, u8, s8):
+    """<n x i16>: u8 x s8 lane by lane, each exact in int16 (255 * 128 < 2^15)."""
+    n = u8.type.count
+    return builder.mul(builder.zext(u8, V(I16, n)), builder.sext(s8, V(I16, n)))
+
+
+def _neighbour_sums(builder, v, widen_to=None):
+    """<n/2 x ...>: v's neighbouring lanes added, sign-extended to `widen_to` first if
+    given."""
+    n = v.type.count
+    lo = shuffle(builder, v, v, range(0, n, 2))
+    hi = shuffle(builder, v, v, range(1, n, 2))
+    if widen_to is not None:
+        lo, hi = (builder.sext(h, V(widen_to, n // 2)) for h in (lo, hi))
+    return builder.add(lo, hi)
 
 
 def abs_sign(builder, q, x):

@@ -130,7 +130,8 @@ _CAP = requested()
 USABLE: tuple[str, ...] = usable_levels(numba_cpu_features(), _CAP)
 BEST = USABLE[0]
 HAVE_VNNI = AVX512VNNI in USABLE
-# The generic level's 32-element formats run as portable IR kernels (else float loops).
+# The generic level's 4- and 5-bit formats run as portable IR kernels (else float
+# loops).
 GENERIC_IR = native_half(numba_cpu_features(), platform.machine())
 if _CAP != BEST and os.environ.get("FUCINA_SIMD"):
     warnings.warn(f"FUCINA_SIMD={_CAP}: this CPU lacks "
