@@ -333,13 +333,14 @@ class Model:
 
     def _stage(self, name: str, fn, *args):
         """fn(*args), one stage of the forward pass: its wall time goes to
-        `self.profile[name]` when profiling.  A float division by zero in a kernel
-        happens only on a non-finite activation (the int8 quantizer's 1/scale): it is
-        reported as the NonFiniteValues it is, not as a ZeroDivisionError."""
+        `self.profile[name]` when profiling.  A non-finite activation stops the int8
+        quantizers (quant.NonFiniteActivations, a FloatingPointError; a float division
+        by zero in a kernel means the same): it is reported as the NonFiniteValues it
+        is."""
         start = time.perf_counter()
         try:
             result = fn(*args)
-        except ZeroDivisionError:
+        except (ZeroDivisionError, FloatingPointError):
             raise NonFiniteValues(f"{self.path}: the activations went non-finite in "
                                   f"the {name} stage (broken weights or config; "
                                   "check_numerics=True names the layer)") from None

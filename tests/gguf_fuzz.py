@@ -699,7 +699,7 @@ def _step(model, ids, pos0, cache):
 
     try:
         logits = model.forward_step(ids, pos0, cache)
-    except ZeroDivisionError:  # a kernel met a non-finite activation
+    except (ZeroDivisionError, FloatingPointError):  # a non-finite activation
         raise NonFiniteValues("a hidden state went non-finite") from None
     return validate.check_logits(logits)
 

@@ -35,7 +35,8 @@ from numba import njit
 from fucina_course.errors import UnsupportedFormat
 from fucina_course.gguf_file import TensorInfo
 from fucina_course.quant import (
-    FORMATS, SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, QuantMatrix, check_supported,
+    FORMATS, SUPPORTED_TYPES, VEC_DOT_TYPE, MultiMatrix, NonFiniteActivations,
+    QuantMatrix, check_supported,
     dequantize, dequantize_rows, isa, matmul, matvec, matvec_quantized,
     quantize_activations,
 )
@@ -513,6 +514,66 @@ def test_matvec_quantized_reuses_one_quantization():
     w8 = QuantMatrix(make_weights(T.Q8_0, 4, n_in), T.Q8_0, 4, n_in)
     with pytest.raises(ValueError, match="Q8_0"):
         matvec_quantized(w8, qa, np.empty(4, np.float32))  # Q8_K x, a Q8_0 matrix
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_matvec_quantizing_in_the_kernel_call_is_bit_identical(t, kernels):
+    # `matvec` hands integer kernels the float vector, which `_int.run` quantizes
+    # through a C function (activations.row_quantizer); `matvec_quantized` gets it
+    # from `quantize_activations`.  Same bits, with an all-zero block, a huge value,
+    # a lone negative maximum (Q8_K's signed max) and ties, from a strided and a
+    # read-only x (copied to the one signature `run` has).
+    n_in, n_out = 512, 37
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(2 * n_in).astype(np.float32)[::2]           # strided
+    x[:32] = 0.0
+    x[40], x[300] = 3e4, -7.5
+    x[260:268] = np.float32(0.5) * np.arange(8, dtype=np.float32)
+    w = QuantMatrix(make_weights(t, n_out, n_in, seed=3), t, n_out, n_in)
+    want = matvec_quantized(w, quantize_activations(x, w.vec_dot_type),
+                            np.empty(n_out, np.float32))
+    assert np.array_equal(bits(matvec(w, x)), bits(want))
+    ro = np.ascontiguousarray(x)
+    ro.flags.writeable = False
+    assert np.array_equal(bits(matvec(w, ro)), bits(want))
+    parts = [QuantMatrix(make_weights(t, r, n_in, seed=r), t, r, n_in) for r in (16, 5)]
+    mm = MultiMatrix(parts)
+    qa = quantize_activations(x, mm.vec_dot_type)
+    assert np.array_equal(bits(matvec(mm, x)),
+                          bits(matvec_quantized(mm, qa, np.empty(21, np.float32))))
+
+
+def test_matvec_results_do_not_share_its_scratch(int_level):
+    # in decode, `matvec` reuses one scratch per row length for run's quantizer: a
+    # result must not change when the next call (another activation type, same n)
+    # writes that scratch, and a call must not read the previous call's quants
+    n_in = 512
+    rng = np.random.default_rng(9)
+    xa, xb = (rng.standard_normal(n_in).astype(np.float32) for _ in range(2))
+    ws = [QuantMatrix(make_weights(t, 24, n_in, seed=i), t, 24, n_in)
+          for i, t in enumerate((T.Q4_K, T.Q8_0, T.Q4_1))]
+    first = [matvec(w, xa) for w in ws]
+    kept = [y.copy() for y in first]
+    for w in ws:
+        matvec(w, xb)
+    for w, y, k in zip(ws, first, kept):
+        assert np.array_equal(bits(y), bits(k))
+        assert np.array_equal(bits(matvec(w, xa)), bits(k))
+
+
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q4_1, T.Q4_K], ids=lambda t: t.name)
+def test_non_finite_activations_raise(t, kernels):
+    # one per activation type (Q8_0, Q8_1, Q8_K): the C quantizers cannot raise, so
+    # they report a NaN or an infinity and their callers raise (model.py names the
+    # stage); nothing is multiplied by a garbage quantization
+    w = QuantMatrix(make_weights(t, 4, 256), t, 4, 256)
+    for bad in (np.inf, -np.inf, np.nan):
+        x = np.ones(256, np.float32)
+        x[3] = bad
+        with pytest.raises(NonFiniteActivations):
+            matvec(w, x)
+        with pytest.raises(FloatingPointError):
+            quantize_activations(np.stack([np.ones(256, np.float32), x]), w.vec_dot_type)
 
 
 @pytest.mark.parametrize("t", [T.Q5_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)

@@ -40,7 +40,8 @@ choices they led to: docs/BENCHMARKS.md#kernel-variants-quant.
 """
 
 from . import _cache  # noqa: F401  (before any cached kernel is defined)
-from .activations import QuantizedActivations, fake_quant, quantize_activations
+from .activations import (NonFiniteActivations, QuantizedActivations, fake_quant,
+                          quantize_activations)
 from .dequant import dequantize, dequantize_rows
 from .first_start import pending, prepare
 from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
@@ -54,5 +55,6 @@ __all__ = [
     "check_supported", "block_geometry", "row_bytes", "dequantize", "dequantize_rows",
     "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "matmul",
     "PREFILL_MIN_ROWS", "quantize_activations", "QuantizedActivations", "fake_quant",
+    "NonFiniteActivations",
     "pending", "prepare", "kernel_choices",
 ]

@@ -11,7 +11,8 @@ kernel however many formats a file holds (cached on disk like every numba kernel
 `run` prepares the activations once per call (a matmul's rows in parallel: a 256-row
 Q4_K prep, the nibble-ordered copy, had cost ~7% of the matmul serially, 3 of 3 A/B
 runs), then `prange`s over chunks of ROWS weight rows and calls the level's function
-for each chunk.  It takes all parts of a MultiMatrix (q/k/v, gate/up) in one call: one
+for each chunk.  In decode it first quantizes the float activation vector itself,
+through the quantizer's address (fns[4], activations.row_quantizer).  It takes all parts of a MultiMatrix (q/k/v, gate/up) in one call: one
 parallel region and one activation pass instead of three.
 """
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import njit, prange, types
 from numba.core import cgutils
@@ -30,6 +32,7 @@ from ._int_matmul import tile_function, tile_prep_function, tile_side_function
 from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
                           row_function)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
+from .activations import NON_FINITE, NonFiniteActivations, row_quantizer
 from .formats import FORMATS
 
 class IntKernels:
@@ -38,7 +41,12 @@ class IntKernels:
     def __init__(self, ggml_type, level):
         self.ggml_type, self.level = ggml_type, level
         self.name = ggml_type.name.lower()
-        self.fns = None                 # int64[4]: prep_mv, matvec, prep_mm, matmul
+        # int64[6]: prep_mv, matvec, prep_mm, matmul, and the activation quantizer of
+        # the format's vec_dot_type with its flag (activations.row_quantizer)
+        self.fns = None
+        self._llvm = None               # fns[0:4] alone (`compile`)
+        # True if the activations' side array is not d itself (Q8_1's s, Q8_K's bsum32)
+        self.own_side = FORMATS[ggml_type].vec_dot_type != T.Q8_0
 
     def __repr__(self) -> str:
         return f"IntKernels({self.ggml_type.name}, {self.level})"
@@ -69,19 +77,30 @@ class IntKernels:
     @property
     def cached(self) -> bool:
         """True if loading needs no compilation (in memory or in the disk cache)."""
-        return self.fns is not None or _jit.is_cached(self.name, self.level)
+        return self._llvm is not None or _jit.is_cached(self.name, self.level)
 
-    def load(self) -> np.ndarray:
-        """The functions' addresses (compiled on first use); 0 for an empty prep."""
-        if self.fns is None:
+    def compile(self) -> np.ndarray:
+        """The LLVM functions' addresses (fns[0:4]; 0 for an empty prep), compiled or
+        loaded on first use.  No numba compilation: quant.prepare runs this in a worker
+        thread while numba compiles in the calling one (numba has one compiler lock)."""
+        if self._llvm is None:
             addr = _jit.load(self.name, self.level, self.build, self.symbols())
-            fns = np.zeros(4, np.int64)       # no tiles: run() is never given row < 0
+            fns = np.zeros(6, np.int64)       # no tiles: run() is never given row < 0
             fns[:len(addr)] = [addr[s] for s in self.symbols()]
             t, lv = self.ggml_type, self.level
             if prep_function(t, lv) is None:
                 fns[0] = 0
             if not self.has_tiles or tile_prep_function(t, lv) is None:
                 fns[2] = 0
+            self._llvm = fns
+        return self._llvm
+
+    def load(self) -> np.ndarray:
+        """All of fns: `compile()`'s, and the activation quantizer of the format's
+        vec_dot_type with its code (fns[4:6], activations.row_quantizer)."""
+        if self.fns is None:
+            fns = self.compile().copy()
+            fns[4:6] = row_quantizer(FORMATS[self.ggml_type].vec_dot_type)
             self.fns = fns
         return self.fns
 
@@ -136,6 +155,56 @@ def _call_prep(typingctx, fn, x, s):
         _call(builder, args[0], [_data(context, builder, a[1], args[1]), n,
                                  _data(context, builder, a[2], args[2])])
         return context.get_dummy_value()
+    return sig, codegen
+
+
+def _as_array(context, builder, ty, val, dtype):
+    """The C-contiguous 2-D array `val` (of type ty, bytes) as an array of `dtype` over
+    the same memory, rows unchanged: (rows, bytes) -> (rows, bytes / itemsize)."""
+    dst_ty = types.Array(dtype, 2, "C")
+    src = context.make_array(ty)(context, builder, val)
+    dst = context.make_array(dst_ty)(context, builder)
+    size = ir.Constant(I64, context.get_abi_sizeof(context.get_data_type(dtype)))
+    rows, nbytes = cgutils.unpack_tuple(builder, src.shape, 2)
+    cols = builder.udiv(nbytes, size)
+    dst.meminfo, dst.parent = src.meminfo, src.parent
+    dst.nitems = builder.mul(rows, cols)
+    dst.itemsize = size
+    dst.shape = cgutils.pack_array(builder, [rows, cols])
+    dst.strides = cgutils.pack_array(builder, [nbytes, size])
+    dst.data = builder.bitcast(src.data, dst.data.type)
+    return dst_ty, dst._getvalue()
+
+
+@intrinsic
+def _quantize(typingctx, fn, code, x, qi, d, side):
+    """The activation quantizer at address fn (activations.row_quantizer, `code` 0
+    Q8_0, 1 Q8_1, 2 Q8_K) on x f32[m, n], into qi, d and side, the latter given as the
+    bytes `run` takes (Q8_1's s and Q8_K's bsum32 as float32 / int32, Q8_0's d again,
+    which the quantizer leaves alone): 0, or 1 for non-finite x."""
+    sig = types.int64(fn, code, x, qi, d, side)
+
+    def codegen(context, builder, signature, args):
+        a = signature.args
+        ret = context.get_value_type(types.int64)
+        status = cgutils.alloca_once(builder, ret)
+        is_k = builder.icmp_signed("==", context.cast(builder, args[1], a[1], types.int64),
+                                   ir.Constant(I64, 2))
+        with builder.if_else(is_k) as (then, otherwise):
+            for branch, dtype in ((then, types.int32), (otherwise, types.float32)):
+                with branch:
+                    side_ty, side = _as_array(context, builder, a[5], args[5], dtype)
+                    tys, vals = [a[2], a[3], a[4], side_ty], [*args[2:5], side]
+                    if dtype is types.float32:          # Q8_0 family: with_sum
+                        q1 = builder.icmp_signed(
+                            "==", context.cast(builder, args[1], a[1], types.int64),
+                            ir.Constant(I64, 1))
+                        tys.append(types.boolean)
+                        vals.append(q1)
+                    fnty = ir.FunctionType(ret, [context.get_value_type(t) for t in tys])
+                    fp = builder.inttoptr(args[0], fnty.as_pointer())
+                    builder.store(builder.call(fp, vals), status)
+        return builder.load(status)
     return sig, codegen
 
 
@@ -199,8 +268,12 @@ def _chunks(parts):
     return cp, cr
 
 
+# `run`'s xf when the activations come quantized (one signature, so one compile)
+NO_FLOATS = np.empty((0, 0), np.float32)
+
+
 @njit(parallel=True, cache=True)
-def run(fns, parts, rb, x, xd, xs, row, y, ldy):
+def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     """The weight matrices `parts` times activations, with the functions fns (an
     `IntKernels.load()`).
 
@@ -209,7 +282,13 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy):
     length (rb bytes).  x int8[m, n_in] the quantized activations, xd f32 their block
     scales, xs their side array as bytes (`QuantizedActivations.side_bytes`).
     row >= 0: matvec of activation row `row`, y f32[n_out];
-    row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened)."""
+    row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened).
+    xf f32[1, n_in] (decode; else [0, 0]): the activations still as floats, quantized
+    here by fns[4] into x, xd, xs (the caller's scratch, row 0): one call from Python
+    per matvec instead of two (activations.row_quantizer).  The caller allocates
+    them: each new `np.empty` signature in `run` cost its compile ~0.4 s."""
+    if xf.shape[0] == 1 and _quantize(fns[4], fns[5], xf, x, xd, xs) != 0:
+        raise NonFiniteActivations(NON_FINITE)
     m, n = x.shape
     one = row >= 0
     prep = fns[0] if one else fns[2]
@@ -249,4 +328,4 @@ def compile_driver() -> None:
     run.compile((a2(types.int64, 1, "C"), a2(types.int64, 2, "C"), types.int64,
                  a2(types.int8, 2, "C"), a2(types.float32, 2, "C"),
                  a2(types.uint8, 2, "C"), types.int64, a2(types.float32, 1, "C"),
-                 types.int64))
+                 types.int64, a2(types.float32, 2, "C")))

@@ -38,9 +38,12 @@ float32 BLAS and still compute the numbers the integer kernels compute.
 
 from __future__ import annotations
 
+import os
+import threading
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from numba import njit
+from numba import njit, types
 
 from ._intrinsics import f16_to_f32, f32_to_f16_bits, u32_as_f32
 
@@ -66,11 +69,27 @@ def _block_amax(xb, t, o):
     return u32_as_f32(abits)
 
 
+@njit(inline="always")
+def _all_finite(x):
+    """No NaN or infinity in x f32[m, n]: the largest exponent field, found as an
+    integer max over the bits (vectorizes), is below all-ones."""
+    xb = x.view(np.uint32)
+    top = np.uint32(0)
+    for t in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            top = max(top, xb[t, j] & np.uint32(0x7FFFFFFF))
+    return top < np.uint32(0x7F800000)
+
+
 @njit(cache=True)
 def _quant_q8_0_rows(x, qi, d16, s16, with_sum):
     """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32]; s16 f32[m, n/32]
-    if with_sum.  ggml's x86 AVX path: id = 127/amax, round half to even."""
+    if with_sum.  ggml's x86 AVX path: id = 127/amax, round half to even.  Returns 0,
+    or 1 without writing anything if x holds a NaN or an infinity (no scale fits
+    them; the callers raise `NonFiniteActivations`)."""
     m, n = x.shape
+    if not _all_finite(x):
+        return 1
     xb = x.view(np.uint32)
     for t in range(m):
         for b in range(n // 32):
@@ -85,6 +104,7 @@ def _quant_q8_0_rows(x, qi, d16, s16, with_sum):
             d16[t, b] = _round_f16(d)
             if with_sum:
                 s16[t, b] = _round_f16(d * np.float32(total))
+    return 0
 
 
 @njit(cache=True)
@@ -122,8 +142,11 @@ def _quant_q8_k_rows(x, qi, d, bsum32):
     ggml takes `max` = the first value of largest magnitude.  Found here in two
     vectorizable passes: the largest |x| as an integer max over the bit patterns with
     the sign bit cleared (monotonic for non-NaN floats), then the first index holding
-    it: 2.8 -> 1.4 us for 1024 values."""
+    it: 2.8 -> 1.4 us for 1024 values.  Returns 0, or 1 for a non-finite x (as
+    `_quant_q8_0_rows`)."""
     m, n = x.shape
+    if not _all_finite(x):
+        return 1
     nsb = n // 256
     xb = x.view(np.uint32)
     for t in range(m):
@@ -153,6 +176,70 @@ def _quant_q8_k_rows(x, qi, d, bsum32):
                     total += np.int32(v)
                 bsum32[t, b * 8 + g] = total
             d[t, b] = _F1 / iscale
+    return 0
+
+
+# --- the quantizers as the integer kernels' driver calls them --------------------------
+#
+# A decode step quantizes one activation vector per matrix product.  From Python
+# (`quantize_activations`) that is a numba call with three fresh arrays and a result
+# object: 3.5-6 us a call, ~1 us of it arithmetic, 4 calls a layer.  So in decode the
+# integer kernels' driver `_int.run` takes the float vector and calls the quantizer
+# above itself, through a function pointer, as it calls the formats' LLVM kernels:
+# numba gives every compiled function a C entry point taking the arrays by value
+# (its "cfunc wrapper"), and `row_quantizer` hands out its address.
+#
+# Rejected: calling the quantizers from `run` as numba functions.  numba compiles a
+# callee's code into its caller, and `run` is a parallel kernel whose compile time grows
+# with its body: 3.4-3.5 s instead of 1.4-1.7 (docs/BENCHMARKS.md, "Tried and not
+# kept").  Also rejected: numba `cfunc`s wrapping them, +0.4-0.6 s of compile each,
+# on the first start's critical path.
+
+class NonFiniteActivations(FloatingPointError):
+    """Activations to quantize hold a NaN or an infinity (broken weights upstream): no
+    scale represents them.  The model reports it as `NonFiniteValues`, naming the stage
+    (model.py)."""
+
+
+NON_FINITE = "the activations to quantize hold a NaN or an infinity"
+
+_F32_2D = types.Array(types.float32, 2, "C")
+# vec_dot_type -> (quantizer, its signature, the driver's code for it: fns[5])
+_ROW_QUANTIZERS = {
+    T.Q8_0: (_quant_q8_0_rows, (_F32_2D, types.Array(types.int8, 2, "C"), _F32_2D,
+                                _F32_2D, types.boolean), 0),
+    T.Q8_1: (_quant_q8_0_rows, (_F32_2D, types.Array(types.int8, 2, "C"), _F32_2D,
+                                _F32_2D, types.boolean), 1),
+    T.Q8_K: (_quant_q8_k_rows, (_F32_2D, types.Array(types.int8, 2, "C"), _F32_2D,
+                                types.Array(types.int32, 2, "C")), 2),
+}
+_row_lock = threading.Lock()        # one compile each, whichever thread asks first
+
+
+def row_quantizer(kind) -> tuple[int, int]:
+    """(address, code) of the quantizer of `kind` (Q8_0, Q8_1, Q8_K) as `_int.run`
+    calls it: numba's C entry point of `_quant_q8_0_rows` (code 0: Q8_0, 1: Q8_1) or
+    `_quant_q8_k_rows` (code 2), for 2-D C-contiguous arrays.  Compiled on first use
+    (or loaded from numba's disk cache)."""
+    fn, sig, code = _ROW_QUANTIZERS[T(int(kind))]
+    cres = fn.overloads.get(sig)
+    if cres is None:       # (`compile` waits for numba's lock even when nothing is new)
+        with _row_lock:
+            fn.compile(sig)
+        cres = fn.overloads[sig]
+    return cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name), code
+
+
+def row_quantizer_cached(kind) -> bool:
+    """True if `row_quantizer(kind)` compiles nothing (in memory or numba's disk
+    cache; assumed True where numba's internals differ from 0.68's)."""
+    fn, sig, _ = _ROW_QUANTIZERS[T(int(kind))]
+    if sig in fn.overloads:
+        return True
+    try:
+        return os.path.exists(fn._cache._cache_file._index_path)
+    except AttributeError:
+        return True
 
 
 class QuantizedActivations:
@@ -249,7 +336,8 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *,
         qi = np.empty((m, n), np.int8)
         d = np.empty((m, n // 256), np.float32)
         bs = np.empty((m, n // 32), np.int32)
-        _quant_q8_k_rows(x2, qi, d, bs)
+        if _quant_q8_k_rows(x2, qi, d, bs):
+            raise NonFiniteActivations(NON_FINITE)
         return QuantizedActivations(kind, None, d, None, bs, qi)
     if kind is _Q8_0 or kind is _Q8_1:
         if n % 32:
@@ -259,8 +347,10 @@ def quantize_activations(x: np.ndarray, vec_dot_type, *,
         qi = np.empty((m, n), np.int8)
         d = np.empty((m, n // 32), np.float32)
         s = np.empty((m, n // 32) if q1 else (0, 0), np.float32)
-        quant = _quant_q8_0_rows_reference if reference else _quant_q8_0_rows
-        quant(x2, qi, d, s, q1)
+        if reference:
+            _quant_q8_0_rows_reference(x2, qi, d, s, q1)
+        elif _quant_q8_0_rows(x2, qi, d, s, q1):
+            raise NonFiniteActivations(NON_FINITE)
         return QuantizedActivations(kind, None, d, s if q1 else None, None, qi)
     if kind == T.F32:
         return QuantizedActivations(kind, x2)

@@ -5,7 +5,8 @@ object files), so a second start compiles nothing.  The first one is the reader'
 impression, so the CLI compiles before the first token and says so
 (`pending`, then `prepare`; cli.py).  What it costs, measured cold on 2 cores
 (docs/BENCHMARKS.md#first-start): the integer kernels of a format ~0.2-0.6 s each
-(LLVM only), numba's driver and activation quantizers ~2 s together, the generic float
+(LLVM only), numba's driver and activation quantizers ~2 s together (and the C
+quantizers the driver calls in decode, activations.row_quantizer), the generic float
 kernels 2-4 s per format (numba).
 
 `prepare` overlaps the two compilers: the formats' LLVM modules compile in a worker
@@ -22,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from . import _int, _jit, isa
-from .activations import quantize_activations
+from .activations import quantize_activations, row_quantizer, row_quantizer_cached
 from .formats import FORMATS
 from .matvec import kernel_for
 
@@ -42,7 +43,8 @@ def pending(types, level: str | None = None) -> list[T]:
     todo = []
     for t, k in _kernels(types, level):
         if isinstance(k, _int.IntKernels):
-            ready = k.cached and _int.numba_cached(_int.run)
+            ready = (k.cached and _int.numba_cached(_int.run)
+                     and row_quantizer_cached(FORMATS[t].vec_dot_type))
         else:
             ready = _int.numba_cached(k)
         if not ready:
@@ -64,7 +66,7 @@ def prepare(types, level: str | None = None, step=None) -> None:
     def llvm():
         try:
             for t, k in ints:
-                k.load()
+                k.compile()                 # LLVM only: numba compiles meanwhile
                 step(t.name)
         except BaseException as e:          # re-raised in the calling thread
             errors.append(e)
@@ -83,6 +85,8 @@ def prepare(types, level: str | None = None, step=None) -> None:
     if ints:
         _int.compile_driver()
     step("driver")
+    for kind in sorted({FORMATS[t].vec_dot_type for t, _ in ints}, key=int):
+        row_quantizer(kind)                 # as the driver calls them in decode
     for kind in sorted({FORMATS[t].vec_dot_type for t, _ in kernels}, key=int):
         quantize_activations(np.zeros((1, 256), np.float32), kind)
     step("activations")

@@ -47,7 +47,7 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from . import isa
-from ._int import IntKernels, run
+from ._int import NO_FLOATS, IntKernels, run
 from ._intrinsics import f16_to_f32
 from ._ir import TILE as _TILE_ROWS
 from .activations import quantize_activations
@@ -208,7 +208,8 @@ def matmul_rows(w, X: np.ndarray, out: np.ndarray) -> np.ndarray:
     kernel = _BY_VALUE[(w.ggml_type._value_, isa.level)]
     fns = kernel.fns if kernel.fns is not None else kernel.load()
     parts, rb = w.kernel_parts()
-    run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, -1, out.reshape(-1), out.shape[1])
+    run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, -1, out.reshape(-1), out.shape[1],
+        NO_FLOATS)
     return out
 
 

@@ -40,9 +40,12 @@ Indexing is 2-D, `w[r, o + j]`: a flat `w[r * row_bytes + ...]` index that LLVM 
 prove non-negative turns every load into a gather (numba wraps negative indices).
 
 Small matrices: a 1024 -> 128 matrix (a K/V projection) costs 7.5-9 us per call, of
-which ~2.5 us is quantizing x.  Callers that multiply one vector by several matrices of
-the same `vec_dot_type` (Q, K, V) can quantize it once with `quantize_activations` and
-call `matvec_quantized` for each.
+which ~2.5 us was quantizing x from Python.  So `matvec` hands an integer kernel the
+float vector, and the kernel call quantizes it (`_int.run`, activations.row_quantizer):
+one call from Python per matvec, not two (SmolLM2 and Qwen2.5-Coder decode ~4% faster,
+avx2, docs/BENCHMARKS.md).  Callers that multiply one vector by several matrices of the
+same `vec_dot_type` can still quantize it once with `quantize_activations` and call
+`matvec_quantized` for each (the same bits).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 from numba import njit, prange  # noqa: E402
 
 from . import isa  # noqa: E402
-from ._int import IntKernels, run  # noqa: E402
+from ._int import NO_FLOATS, IntKernels, run  # noqa: E402
 from ._int_matvec import GENERIC_FORMATS, INT_FORMATS  # noqa: E402
 from ._intrinsics import f16_to_f32, prefetch, u32_as_f32  # noqa: E402
 from .activations import quantize_activations  # noqa: E402
@@ -507,7 +510,7 @@ def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     if type(kernel) is IntKernels:       # every part of a MultiMatrix in one call
         fns = kernel.fns if kernel.fns is not None else kernel.load()
         parts, rb = w.kernel_parts()
-        run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, row, out, 0)
+        run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, row, out, 0, NO_FLOATS)
     elif isinstance(w, MultiMatrix):
         for part, (a, b) in zip(w.parts, w.bounds):
             matvec_quantized(part, qa, out[a:b], row)
@@ -524,7 +527,8 @@ def matvec(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """y f32[n_out] = W @ x for one activation vector x f32[n_in], as llama.cpp does.
 
     `out`, if given, must be a C-contiguous float32 array of n_out elements; it is
-    returned.
+    returned.  With an integer kernel, x goes to the kernel call as floats and is
+    quantized there (`_int.run`); else through `quantize_activations` first.
     """
     x = np.asarray(x, dtype=np.float32)
     if x.shape != (w.n_in,):
@@ -535,5 +539,35 @@ def matvec(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
           or not out.flags.c_contiguous):
         raise ValueError(f"{w.name!r}: out must be C-contiguous float32 of shape "
                          f"({w.n_out},)")
-    qa = quantize_activations(x, w.vec_dot_type)
-    return matvec_quantized(w, qa, out)
+    kernel = _BY_VALUE.get((w.ggml_type._value_, isa.level))
+    if kernel is None:                   # no kernel of this level: the generic one
+        kernel = _BY_VALUE[(w.ggml_type._value_, isa.GENERIC)]
+    if type(kernel) is not IntKernels:
+        return matvec_quantized(w, quantize_activations(x, w.vec_dot_type), out)
+    flags = x.flags
+    if not (flags.c_contiguous and flags.writeable):  # run has one signature
+        x = x.copy()
+    fns = kernel.fns if kernel.fns is not None else kernel.load()
+    parts, rb = w.kernel_parts()
+    n = w.n_in
+    scratch = _scratch.get(n) or _new_scratch(n)
+    qi, d, s_bytes, d_bytes = scratch
+    run(fns, parts, rb, qi, d, s_bytes if kernel.own_side else d_bytes, 0, out, 0,
+        x.reshape(1, n))
+    return out
+
+
+# n_in -> what `run`'s quantizer fills in decode: quants int8[1, n], scales f32[1, n/32]
+# (Q8_K: n/256 of them) and the side array as bytes (Q8_1's s or Q8_K's bsum32, a
+# float32[1, n/32] of their own; Q8_0's is d itself).  Reused from call to call:
+# fresh arrays and their byte views cost ~2.6 us a matvec on this VM (np.empty ~0.7 us).
+# Safe because `run` holds the GIL (no nogil): no other thread gets in between a call's
+# quantization and its kernels, and nothing keeps the arrays after the call.
+_scratch: dict[int, tuple] = {}
+
+
+def _new_scratch(n: int) -> tuple:
+    d = np.empty((1, n // 32), np.float32)
+    side = np.empty((1, n // 32), np.float32)
+    _scratch[n] = (np.empty((1, n), np.int8), d, side.view(np.uint8), d.view(np.uint8))
+    return _scratch[n]
