@@ -12,8 +12,9 @@ kernel however many formats a file holds (cached on disk like every numba kernel
 Q4_K prep, the nibble-ordered copy, had cost ~7% of the matmul serially, 3 of 3 A/B
 runs), then `prange`s over chunks of ROWS weight rows and calls the level's function
 for each chunk.  In decode it first quantizes the float activation vector itself,
-through the quantizer's address (fns[4], activations.row_quantizer).  It takes all parts of a MultiMatrix (q/k/v, gate/up) in one call: one
-parallel region and one activation pass instead of three.
+through the quantizer's address (fns[4], activations.row_quantizer).  It takes all
+parts of a MultiMatrix (q/k/v, gate/up) in one call: one parallel region and one
+activation pass instead of three.
 """
 
 from __future__ import annotations
@@ -188,19 +189,16 @@ def _quantize(typingctx, fn, code, x, qi, d, side):
         a = signature.args
         ret = context.get_value_type(types.int64)
         status = cgutils.alloca_once(builder, ret)
-        is_k = builder.icmp_signed("==", context.cast(builder, args[1], a[1], types.int64),
-                                   ir.Constant(I64, 2))
+        kind = context.cast(builder, args[1], a[1], types.int64)
+        is_k = builder.icmp_signed("==", kind, ir.Constant(I64, 2))
         with builder.if_else(is_k) as (then, otherwise):
             for branch, dtype in ((then, types.int32), (otherwise, types.float32)):
                 with branch:
                     side_ty, side = _as_array(context, builder, a[5], args[5], dtype)
                     tys, vals = [a[2], a[3], a[4], side_ty], [*args[2:5], side]
                     if dtype is types.float32:          # Q8_0 family: with_sum
-                        q1 = builder.icmp_signed(
-                            "==", context.cast(builder, args[1], a[1], types.int64),
-                            ir.Constant(I64, 1))
                         tys.append(types.boolean)
-                        vals.append(q1)
+                        vals.append(builder.icmp_signed("==", kind, ir.Constant(I64, 1)))
                     fnty = ir.FunctionType(ret, [context.get_value_type(t) for t in tys])
                     fp = builder.inttoptr(args[0], fnty.as_pointer())
                     builder.store(builder.call(fp, vals), status)

@@ -39,7 +39,6 @@ float32 BLAS and still compute the numbers the integer kernels compute.
 from __future__ import annotations
 
 import os
-import threading
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -213,7 +212,6 @@ _ROW_QUANTIZERS = {
     T.Q8_K: (_quant_q8_k_rows, (_F32_2D, types.Array(types.int8, 2, "C"), _F32_2D,
                                 types.Array(types.int32, 2, "C")), 2),
 }
-_row_lock = threading.Lock()        # one compile each, whichever thread asks first
 
 
 def row_quantizer(kind) -> tuple[int, int]:
@@ -224,8 +222,7 @@ def row_quantizer(kind) -> tuple[int, int]:
     fn, sig, code = _ROW_QUANTIZERS[T(int(kind))]
     cres = fn.overloads.get(sig)
     if cres is None:       # (`compile` waits for numba's lock even when nothing is new)
-        with _row_lock:
-            fn.compile(sig)
+        fn.compile(sig)
         cres = fn.overloads[sig]
     return cres.library.get_pointer_to_function(cres.fndesc.llvm_cfunc_wrapper_name), code
 

@@ -23,7 +23,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from . import _int, _jit, isa
-from .activations import quantize_activations, row_quantizer, row_quantizer_cached
+from .activations import quantize_activations, row_quantizer_cached
 from .formats import FORMATS
 from .matvec import kernel_for
 
@@ -85,8 +85,8 @@ def prepare(types, level: str | None = None, step=None) -> None:
     if ints:
         _int.compile_driver()
     step("driver")
-    for kind in sorted({FORMATS[t].vec_dot_type for t, _ in ints}, key=int):
-        row_quantizer(kind)                 # as the driver calls them in decode
+    # the quantizers, for the signature the driver calls them with in decode too
+    # (activations.row_quantizer)
     for kind in sorted({FORMATS[t].vec_dot_type for t, _ in kernels}, key=int):
         quantize_activations(np.zeros((1, 256), np.float32), kind)
     step("activations")

@@ -493,6 +493,13 @@ def kernel_for(ggml_type, level: str | None = None):
     return lv, k
 
 
+def _dispatch(t_value: int):
+    """The kernel `matvec` runs for the format numbered t_value at `isa.level`: the
+    level's own, or the generic one where the level has none."""
+    kernel = _BY_VALUE.get((t_value, isa.level))
+    return kernel if kernel is not None else _BY_VALUE[(t_value, isa.GENERIC)]
+
+
 def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     """out f32[n_out] = W @ x, x = row `row` of activations from `quantize_activations`.
 
@@ -504,9 +511,7 @@ def matvec_quantized(w, qa, out: np.ndarray, row: int = 0) -> np.ndarray:
     if qa.kind is not w.vec_dot_type and qa.kind != w.vec_dot_type:  # `is`: == is slow
         raise ValueError(f"{w.name!r} ({t.name}) needs activations as "
                          f"{w.vec_dot_type.name}, got {qa.kind.name}")
-    kernel = _BY_VALUE.get((t._value_, isa.level))
-    if kernel is None:                   # no kernel of this level: the generic one
-        kernel = _BY_VALUE[(t._value_, isa.GENERIC)]
+    kernel = _dispatch(t._value_)
     if type(kernel) is IntKernels:       # every part of a MultiMatrix in one call
         fns = kernel.fns if kernel.fns is not None else kernel.load()
         parts, rb = w.kernel_parts()
@@ -539,9 +544,7 @@ def matvec(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
           or not out.flags.c_contiguous):
         raise ValueError(f"{w.name!r}: out must be C-contiguous float32 of shape "
                          f"({w.n_out},)")
-    kernel = _BY_VALUE.get((w.ggml_type._value_, isa.level))
-    if kernel is None:                   # no kernel of this level: the generic one
-        kernel = _BY_VALUE[(w.ggml_type._value_, isa.GENERIC)]
+    kernel = _dispatch(w.ggml_type._value_)
     if type(kernel) is not IntKernels:
         return matvec_quantized(w, quantize_activations(x, w.vec_dot_type), out)
     flags = x.flags
