@@ -106,15 +106,19 @@ def causal_attention(q, k, v, q_pos0: int, scale: float) -> np.ndarray:
     return out.reshape(n, n_heads * d)                                    # [n, H*d]
 
 
-def decode_attention(q: np.ndarray, view: KvView, scale: float) -> np.ndarray:
+def decode_attention(q: np.ndarray, view: KvView, scale: float,
+                     out: np.ndarray | None = None) -> np.ndarray:
     """One query token `[n_heads, d]` against the cached positions in `view`: `[n_heads
     * d]`.
 
     The arithmetic of `causal_attention` (same roundings; only the summation order
-    differs), in one numba kernel that reads the f16 or q8_0 cache in place.
+    differs), in one numba kernel that reads the f16 or q8_0 cache in place.  `out`, a
+    C-contiguous float32 `[n_heads, d]` buffer, receives the result if given
+    (decode.py's).
     """
     q = np.ascontiguousarray(q, dtype=np.float32)
-    out = np.empty(q.shape, np.float32)                                   # [n_heads, d]
+    if out is None:
+        out = np.empty(q.shape, np.float32)                               # [n_heads, d]
     if view.k_scale is None:
         _decode_f16(q, view.k, view.v, view.length, np.float32(scale), out)
     else:

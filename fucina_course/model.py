@@ -54,6 +54,7 @@ import numpy as np
 
 from .attention import Segment, attend
 from .config import Config
+from .decode import Decoder
 from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
@@ -168,6 +169,8 @@ class Model:
         self.output = output            # lm_head [vocab, hidden] (maybe the embedding)
         self.profile: dict[str, float] | None = None
         self.check_numerics = False     # check each layer's output: name the first bad
+        self.fast_decode = True         # one-token steps through decode.Decoder
+        self._decode = None             # the Decoder, made by the first decode step
 
     # --- loading ----------------------------------------------------------------------
 
@@ -233,6 +236,13 @@ class Model:
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
+        if len(ids) == 1:                  # decode: the same step, without the Python
+            decoder = self._decoder()      # between the kernels (decode.py)
+            if decoder is not None and decoder.lock.acquire(blocking=False):
+                try:
+                    return decoder.step(int(ids[0]), pos0, cache)
+                finally:
+                    decoder.lock.release()
         return self._forward(ids, [segment], last_only=True, per_row=per_row)[0]
 
     def forward_step_all_logits(self, ids, pos0: int, cache: KvCache, *,
@@ -348,6 +358,17 @@ class Model:
             spent = time.perf_counter() - start
             self.profile[name] = self.profile.get(name, 0.0) + spent
         return result
+
+    def _decoder(self):
+        """decode.py's schedule of this model's one-token step (made on first use,
+        remade if the instruction-set level changed), or None: switched off
+        (`fast_decode`), or a stage-by-stage view asked for (`profile`,
+        `check_numerics`), which model.py's path gives."""
+        if not self.fast_decode or self.profile is not None or self.check_numerics:
+            return None
+        if self._decode is None or not self._decode.current:
+            self._decode = Decoder(self)
+        return self._decode
 
     def _ids(self, ids) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)

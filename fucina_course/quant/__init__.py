@@ -47,13 +47,13 @@ from .first_start import pending, prepare
 from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
                       block_geometry, check_supported, row_bytes)
 from .matrix import MultiMatrix, QuantMatrix
-from .matvec import matvec, matvec_quantized
+from .matvec import bound_matvec, matvec, matvec_quantized
 from .matmul import PREFILL_MIN_ROWS, kernel_choices, matmul
 
 __all__ = [
     "FORMATS", "BlockFormat", "SUPPORTED_TYPES", "VEC_DOT_TYPE", "QK_K",
     "check_supported", "block_geometry", "row_bytes", "dequantize", "dequantize_rows",
-    "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "matmul",
+    "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "bound_matvec", "matmul",
     "PREFILL_MIN_ROWS", "quantize_activations", "QuantizedActivations", "fake_quant",
     "NonFiniteActivations",
     "pending", "prepare", "kernel_choices",

@@ -560,6 +560,23 @@ def matvec(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
+def bound_matvec(w):
+    """`matvec(w, x, out)` with all that depends on w alone looked up once, at the
+    current `isa.level`: a function f(x, out) of x f32[1, n_in] (a C-contiguous,
+    writeable buffer: nothing is checked) and out f32[n_out], for a caller that runs
+    the same matrices again and again with buffers of its own (decode.py).  An integer
+    kernel is then one `run` call with every argument ready: matvec's checks, dispatch
+    and lookups cost ~3 us a call on this VM, ~5% of a SmolLM2 decode step."""
+    kernel = _dispatch(w.ggml_type._value_)
+    if type(kernel) is not IntKernels:
+        return lambda x, out: matvec(w, x[0], out)
+    fns = kernel.load()
+    parts, rb = w.kernel_parts()
+    qi, d, s_bytes, d_bytes = _scratch.get(w.n_in) or _new_scratch(w.n_in)
+    side = s_bytes if kernel.own_side else d_bytes
+    return lambda x, out: run(fns, parts, rb, qi, d, side, 0, out, 0, x)
+
+
 # n_in -> what `run`'s quantizer fills in decode: quants int8[1, n], scales f32[1, n/32]
 # (Q8_K: n/256 of them) and the side array as bytes (Q8_1's s or Q8_K's bsum32, a
 # float32[1, n/32] of their own; Q8_0's is d itself).  Reused from call to call:
