@@ -102,21 +102,24 @@ class _Buffers:
         qd, kvd = H * D, KVH * D
         self.h = np.empty((1, hid), np.float32)             # a norm's output
         self.qkv = np.empty(qd + 2 * kvd, np.float32)       # q | k | v
-        self.q = self.qkv[:qd].reshape(1, H, D)
-        self.k = self.qkv[qd:qd + kvd].reshape(1, KVH, D)
+        self.qk = self.qkv[:qd + kvd].reshape(1, H + KVH, D)  # q and k heads
         self.v = self.qkv[qd + kvd:].reshape(1, KVH, D)
-        self.q_normed = np.empty((1, H, D), np.float32)     # qwen3: per-head norms
-        self.k_normed = np.empty((1, KVH, D), np.float32)
-        self.q_rot = np.empty((1, H, D), np.float32)        # after RoPE
-        self.k_rot = np.empty((1, KVH, D), np.float32)
+        # qwen3's per-head norms write q's heads, then k's, into one array, so that
+        # one RoPE call turns both (the same per-head arithmetic as two calls)
+        self.qk_normed = np.empty((1, H + KVH, D), np.float32)
+        self.q_normed, self.k_normed = self.qk_normed[0, :H], self.qk_normed[0, H:]
+        self.qk_rot = np.empty((1, H + KVH, D), np.float32)  # after RoPE
+        self.q_rot, self.k_rot = self.qk_rot[0, :H], self.qk_rot[:, H:]
         self.att = np.empty((H, D), np.float32)             # attention's output
         self.att_row = self.att.reshape(1, qd)
         self.o = np.empty(hid, np.float32)                  # attn_output's
+        self.o_row = self.o.reshape(1, hid)
         ffn = cfg.intermediate_size
         self.gate_up = np.empty(2 * ffn, np.float32)        # gate | up
         self.gate, self.up = self.gate_up[:ffn], self.gate_up[ffn:]
         self.act = np.empty((1, ffn), np.float32)           # silu(gate) * up
         self.down = np.empty(hid, np.float32)
+        self.down_row = self.down.reshape(1, hid)
 
 
 class Decoder:
@@ -163,8 +166,9 @@ class Decoder:
         try:
             x = self.model.embedding.rows([token])                   # [1, hidden]
             stage = "attention"
+            rotation = self.rope(pos0)                               # cos, sin
             for i, layer in enumerate(self.layers):
-                self._attention(layer, x, i, pos0, cache)            # x += attention
+                self._attention(layer, x, i, pos0, rotation, cache)  # x += attention
                 stage = "ffn"
                 self._ffn(layer, x)                                  # x += FFN
                 stage = "attention"
@@ -182,23 +186,22 @@ class Decoder:
                                   "check_numerics=True names the layer)") from None
         return validate.check_logits(logits, self.model.path)
 
-    def _attention(self, layer: _LayerPlan, x, i: int, pos0: int, cache) -> None:
+    def _attention(self, layer: _LayerPlan, x, i: int, pos0: int, rotation,
+                   cache) -> None:
         """model.attention_block for one row, added to x in place."""
         b, eps = self.buf, self.eps
         _rms_norm_rows(x, layer.attn_norm, eps, b.h)
-        layer.qkv(b.h)                                        # b.q, b.k, b.v (+ bias)
-        q, k = b.q, b.k
+        layer.qkv(b.h)                                        # b.qk, b.v (+ bias)
+        qk = b.qk
         if layer.q_norm is not None:                          # per head (qwen3)
-            _rms_norm_rows(q[0], layer.q_norm, eps, b.q_normed[0])
-            _rms_norm_rows(k[0], layer.k_norm, eps, b.k_normed[0])
-            q, k = b.q_normed, b.k_normed
-        cos, sin = self.rope(pos0)
-        _rope(q, cos, sin, self.neox, b.q_rot)
-        _rope(k, cos, sin, self.neox, b.k_rot)
+            _rms_norm_rows(qk[0, :self.cfg.num_heads], layer.q_norm, eps, b.q_normed)
+            _rms_norm_rows(qk[0, self.cfg.num_heads:], layer.k_norm, eps, b.k_normed)
+            qk = b.qk_normed
+        _rope(qk, *rotation, self.neox, b.qk_rot)             # b.q_rot, b.k_rot
         cache.append_layer(i, b.k_rot, b.v)
-        decode_attention(b.q_rot[0], cache.layer_view(i, pos0 + 1), self.scale, b.att)
+        decode_attention(b.q_rot, cache.layer_view(i, pos0 + 1), self.scale, b.att)
         layer.attn_out(b.att_row)                             # b.o
-        x[0] += b.o
+        x += b.o_row
 
     def _ffn(self, layer: _LayerPlan, x) -> None:
         """model.ffn_block for one row, added to x in place."""
@@ -210,4 +213,4 @@ class Decoder:
         layer.gate_up(b.h)                                    # b.gate, b.up
         _swiglu_one(b.gate, b.up, b.act)
         layer.down(b.act)                                     # b.down
-        x[0] += b.down
+        x += b.down_row
