@@ -137,6 +137,7 @@ class Decoder:
         self.eps = np.float32(cfg.rms_norm_eps)
         self.scale = 1.0 / np.sqrt(cfg.head_dim)   # model.py's, to the bit
         self.neox = cfg.rope_style == "neox"
+        self.heads = cfg.num_heads          # q's heads, then k's, in b.qk
         if cfg.rope_style not in ("neox", "normal"):
             raise ValueError(f"unknown RoPE style {cfg.rope_style!r}")
         self._rope_table: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -194,8 +195,8 @@ class Decoder:
         layer.qkv(b.h)                                        # b.qk, b.v (+ bias)
         qk = b.qk
         if layer.q_norm is not None:                          # per head (qwen3)
-            _rms_norm_rows(qk[0, :self.cfg.num_heads], layer.q_norm, eps, b.q_normed)
-            _rms_norm_rows(qk[0, self.cfg.num_heads:], layer.k_norm, eps, b.k_normed)
+            _rms_norm_rows(qk[0, :self.heads], layer.q_norm, eps, b.q_normed)
+            _rms_norm_rows(qk[0, self.heads:], layer.k_norm, eps, b.k_normed)
             qk = b.qk_normed
         _rope(qk, *rotation, self.neox, b.qk_rot)             # b.q_rot, b.k_rot
         cache.append_layer(i, b.k_rot, b.v)
