@@ -4,8 +4,9 @@
 
 MODEL as for bench_vs_llama.py (a path, a named model, or synth:qwen3-0.6b:FMT).  Decode is
 measured at position `--context` (a short conversation), averaged over 32 steps after a warm-up,
-first as `forward_step` runs it (decode.py's schedule), then stage by stage through model.py's path
-(`Model.profile` asks for it: the decoder has no stages); prefill is one `--prefill`-token step into a fresh cache.  Stages are what `Model._stage` wraps:
+first as `forward_step` runs it (decode.py's schedule), then stage by stage through model.py's
+path (`Model.profile` asks for it: the decoder has no stages); prefill is one `--prefill`-token
+step into a fresh cache.  Stages are what `Model._stage` wraps:
 "embedding", "attention" (the whole attention block: norm, q/k/v, RoPE, KV append, attention,
 output projection), "ffn" (norm, gate/up, SwiGLU, down) and "lm_head" (final norm + output).  The weight bytes read per
 decode step and the implied GB/s are printed next to the machine's measured ceiling

@@ -121,25 +121,19 @@ def test_switches_and_a_busy_decoder_take_model_py(synth_dir):
     expected = model.forward_step([tok], 5, cache)
     decoder = model._decode
 
-    model.profile = {}
-    try:
+    def step():
         cache.truncate(5)
-        assert np.array_equal(model.forward_step([tok], 5, cache), expected)
-        assert set(model.profile) == {"embedding", "attention", "ffn", "lm_head"}
-    finally:
-        model.profile = None
-    model.check_numerics = True
-    try:
-        cache.truncate(5)
-        assert np.array_equal(model.forward_step([tok], 5, cache), expected)
-    finally:
-        model.check_numerics = False
-    model.fast_decode = False
-    try:
-        cache.truncate(5)
-        assert np.array_equal(model.forward_step([tok], 5, cache), expected)
-    finally:
-        model.fast_decode = True
+        return model.forward_step([tok], 5, cache)
+
+    for name, on, off in (("profile", {}, None), ("check_numerics", True, False),
+                          ("fast_decode", False, True)):
+        setattr(model, name, on)
+        try:
+            assert np.array_equal(step(), expected), name
+            if name == "profile":
+                assert set(model.profile) == {"embedding", "attention", "ffn", "lm_head"}
+        finally:
+            setattr(model, name, off)
 
     held = threading.Event()
     release = threading.Event()
@@ -153,8 +147,7 @@ def test_switches_and_a_busy_decoder_take_model_py(synth_dir):
     holder.start()
     held.wait(30)
     try:
-        cache.truncate(5)
-        assert np.array_equal(model.forward_step([tok], 5, cache), expected)
+        assert np.array_equal(step(), expected)
     finally:
         release.set()
         holder.join()

@@ -550,13 +550,7 @@ def matvec(w, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     flags = x.flags
     if not (flags.c_contiguous and flags.writeable):  # run has one signature
         x = x.copy()
-    fns = kernel.fns if kernel.fns is not None else kernel.load()
-    parts, rb = w.kernel_parts()
-    n = w.n_in
-    scratch = _scratch.get(n) or _new_scratch(n)
-    qi, d, s_bytes, d_bytes = scratch
-    run(fns, parts, rb, qi, d, s_bytes if kernel.own_side else d_bytes, 0, out, 0,
-        x.reshape(1, n))
+    run(*_run_args(kernel, w), 0, out, 0, x.reshape(1, w.n_in))
     return out
 
 
@@ -570,11 +564,18 @@ def bound_matvec(w):
     kernel = _dispatch(w.ggml_type._value_)
     if type(kernel) is not IntKernels:
         return lambda x, out: matvec(w, x[0], out)
-    fns = kernel.load()
+    fns, parts, rb, qi, d, side = _run_args(kernel, w)
+    return lambda x, out: run(fns, parts, rb, qi, d, side, 0, out, 0, x)
+
+
+def _run_args(kernel, w) -> tuple:
+    """`run`'s leading arguments for a decode matvec of w with the integer kernel:
+    fns, the weight parts, the row bytes, and the scratch the vector is quantized
+    into (quants, scales, the side array as bytes)."""
+    fns = kernel.fns if kernel.fns is not None else kernel.load()
     parts, rb = w.kernel_parts()
     qi, d, s_bytes, d_bytes = _scratch.get(w.n_in) or _new_scratch(w.n_in)
-    side = s_bytes if kernel.own_side else d_bytes
-    return lambda x, out: run(fns, parts, rb, qi, d, side, 0, out, 0, x)
+    return fns, parts, rb, qi, d, s_bytes if kernel.own_side else d_bytes
 
 
 # n_in -> what `run`'s quantizer fills in decode: quants int8[1, n], scales f32[1, n/32]
