@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import statistics
@@ -164,6 +165,7 @@ def llama_env(build: str | None) -> dict:
 
 
 def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")  # "writing synthetic..."
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="+")
     ap.add_argument("--threads", type=int, default=2)

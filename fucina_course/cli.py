@@ -10,6 +10,7 @@ with 2 (argparse's convention).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -693,6 +694,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # The engine reports first-use work (a synthetic model being written, ...) as INFO
+    # log records, which a notebook does not show and a terminal user wants to see.
+    logging.basicConfig(level=logging.INFO, format="fucina: %(message)s")
     threads = getattr(args, "threads", None)
     if threads is not None:
         if threads < 1:

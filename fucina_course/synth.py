@@ -17,7 +17,9 @@ Every choice is driven by one seed.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -27,6 +29,8 @@ from gguf import GGMLQuantizationType as T
 
 from .quant.formats import FORMATS
 from .tokenizer import TokenType
+
+log = logging.getLogger(__name__)
 
 QUANTIZABLE = {T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1}
 RANDOM_BLOCKS = {T.Q4_K, T.Q5_K, T.Q6_K}
@@ -281,11 +285,14 @@ def cached_synthetic(spec: SynthSpec) -> Path:
     name = f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}.gguf"
     path = cache_dir() / "synth" / name
     if not path.is_file():
-        import sys
-
-        print(f"writing synthetic model {path.name} (first use; the 0.6B geometry "
-              f"takes ~20 s)", file=sys.stderr, flush=True)
-        write_synthetic(spec, path, progress=True)
+        # A log record, not a print: a chapter's page must not depend on whether the
+        # file was already in the cache (issue 22: a reader's first build showed these
+        # lines, a warm build did not).  The CLI and bench/ scripts show INFO records;
+        # the progress bar only appears on a terminal.
+        log.info(
+            "writing synthetic model %s (first use; the 0.6B geometry takes ~20 s)",
+            path.name)
+        write_synthetic(spec, path, progress=sys.stderr.isatty())
     return path
 
 
