@@ -145,8 +145,9 @@ def _load_model(args):
 
 
 def _check_expert_top_p(args) -> None:
-    if not args.expert_top_p > 0:  # also NaN
-        raise FucinaError(f"--expert-top-p must be above 0, got {args.expert_top_p}")
+    from .moe import check_top_p
+
+    check_top_p(args.expert_top_p, "--expert-top-p")
 
 
 class _Bar:

@@ -58,7 +58,7 @@ from .decode import Decoder
 from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
-from .moe import MoeFfn, load_moe_ffn
+from .moe import MoeFfn, check_top_p, load_moe_ffn
 from .ops import apply_rope, rms_norm, rope_angles, swiglu
 from . import validate
 from .weights import FusedLinear, LinearWeight, WeightReader
@@ -185,7 +185,7 @@ class Model:
         need it: first_start.py's helper)."""
         from .tokenizer import Tokenizer
 
-        _check_top_p(expert_top_p)
+        check_top_p(expert_top_p)
         if threads:
             set_threads(threads)
         gguf = GGUFFile(path)
@@ -214,7 +214,7 @@ class Model:
 
     @expert_top_p.setter
     def expert_top_p(self, p: float) -> None:
-        _check_top_p(p)
+        check_top_p(p)
         for layer in self.layers:
             if isinstance(layer.ffn, MoeFfn):
                 layer.ffn.top_p = float(p)
@@ -387,11 +387,6 @@ class Model:
                 "positions (pos0 must equal the cache length)")
         cache.check_room(n)
         return cache
-
-
-def _check_top_p(p: float) -> None:
-    if not p > 0:  # also NaN
-        raise FucinaError(f"expert top-p must be a number above 0, got {p}")
 
 
 def set_threads(threads: int) -> None:

@@ -121,6 +121,13 @@ def _exp32(x):  # pragma: no cover - compiled
     return np.float32(np.exp(np.float64(x)))
 
 
+def check_top_p(p: float, name: str = "expert top-p") -> None:
+    """The one check of an expert top-p value, wherever it comes from (the model's
+    setter, `Model.load`, the CLI's --expert-top-p): a number above 0 (NaN fails)."""
+    if not p > 0:
+        raise FucinaError(f"{name} must be a number above 0, got {p}")
+
+
 def expert_top_p(experts: np.ndarray, weights: np.ndarray, p: float):
     """Keep, per row, the best slots until their weights reach p of the row's total;
     drop the rest (expert -1, weight 0) and rescale the kept weights to the total.
@@ -128,10 +135,9 @@ def expert_top_p(experts: np.ndarray, weights: np.ndarray, p: float):
     p >= 1 returns the inputs untouched (the bit-identical baseline).  The best slot
     always stays, so even a tiny p runs one expert per token.
     """
+    check_top_p(p)
     if p >= 1.0:
         return experts, weights
-    if not p > 0.0:
-        raise FucinaError(f"expert top-p must be in (0, 1], got {p}")
     total = weights.sum(axis=1, keepdims=True, dtype=np.float64)     # [n, 1]
     before = np.cumsum(weights, axis=1, dtype=np.float64) - weights  # [n, k]
     keep = before < p * total                                        # slot 0: always
