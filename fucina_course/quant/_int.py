@@ -12,9 +12,9 @@ kernel however many formats a file holds (cached on disk like every numba kernel
 Q4_K prep, the nibble-ordered copy, had cost ~7% of the matmul serially, 3 of 3 A/B
 runs), then `prange`s over chunks of ROWS weight rows and calls the level's function
 for each chunk.  In decode it first quantizes the float activation vector itself,
-through the quantizer's address (fns[4], activations.row_quantizer).  It takes all
-parts of a MultiMatrix (q/k/v, gate/up) in one call: one parallel region and one
-activation pass instead of three.
+through the quantizer's address (fns[QUANTIZER], activations.row_quantizer).  It
+takes all parts of a MultiMatrix (q/k/v, gate/up) in one call: one parallel region
+and one activation pass instead of three.
 """
 
 from __future__ import annotations
@@ -36,16 +36,31 @@ from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
 from .activations import NON_FINITE, NonFiniteActivations, row_quantizer
 from .formats import FORMATS
 
+# The slots of `fns`, the function addresses `run` calls (`IntKernels.load()`).  An
+# int64 array read at these constant indices, not a record or a tuple: numba compiles
+# `fns[MATVEC]` to the same load as `fns[1]`, and `run` keeps its one signature (a
+# record type would be a new one, compiled on every first start).
+PREP_MV = 0        # matvec's activation prep (define_prep; 0: none)
+MATVEC = 1         # matvec: weight rows . one activation row (define_matvec)
+PREP_MM = 2        # matmul's prep of each activation row (0: none, or no tiles)
+MATMUL = 3         # matmul: weight rows . tiles of activation rows (0: no tiles)
+QUANTIZER = 4      # decode's activation quantizer (activations.row_quantizer) ...
+QUANT_CODE = 5     # ... and its code: 0 Q8_0, 1 Q8_1, 2 Q8_K
+N_SLOTS = 6
+# the LLVM functions of `IntKernels.symbols()`, in its order
+_LLVM_SLOTS = ((PREP_MV, "prep_mv"), (MATVEC, "matvec"), (PREP_MM, "prep_mm"),
+               (MATMUL, "matmul"))
+
+
 class IntKernels:
     """The matvec and matmul kernels of one format at one integer level."""
 
     def __init__(self, ggml_type, level):
         self.ggml_type, self.level = ggml_type, level
         self.name = ggml_type.name.lower()
-        # int64[6]: prep_mv, matvec, prep_mm, matmul, and the activation quantizer of
-        # the format's vec_dot_type with its flag (activations.row_quantizer)
+        # int64[N_SLOTS]: the addresses `run` calls, by the slots above (`load`)
         self.fns = None
-        self._llvm = None               # fns[0:4] alone (`compile`)
+        self._llvm = None               # the LLVM slots alone (`compile`)
         # True if the activations' side array is not d itself (Q8_1's s, Q8_K's bsum32)
         self.own_side = FORMATS[ggml_type].vec_dot_type != T.Q8_0
 
@@ -58,10 +73,13 @@ class IntKernels:
         path runs them row by row; the tile builders use x86 intrinsics)."""
         return self.level != isa.GENERIC
 
+    def _slots(self) -> tuple[tuple[int, str], ...]:
+        """(slot, part) of each LLVM function: matvec's two, and matmul's with tiles."""
+        return _LLVM_SLOTS if self.has_tiles else _LLVM_SLOTS[:2]
+
     def symbols(self) -> list[str]:
-        base = f"{self.name}_{self.level}"
-        parts = ("prep_mv", "matvec", "prep_mm", "matmul")
-        return [f"{base}_{part}" for part in parts[:4 if self.has_tiles else 2]]
+        """The LLVM names of the functions `build` defines, in slot order."""
+        return [f"{self.name}_{self.level}_{part}" for _, part in self._slots()]
 
     def build(self, mod: ir.Module) -> None:
         """Define the functions of `symbols()` in `mod` (a prep may be empty)."""
@@ -81,27 +99,31 @@ class IntKernels:
         return self._llvm is not None or _jit.is_cached(self.name, self.level)
 
     def compile(self) -> np.ndarray:
-        """The LLVM functions' addresses (fns[0:4]; 0 for an empty prep), compiled or
-        loaded on first use.  No numba compilation: quant.prepare runs this in a worker
-        thread while numba compiles in the calling one (numba has one compiler lock)."""
+        """The LLVM functions' addresses in their slots (0 for an empty prep; the
+        others 0 until `load`), compiled or loaded on first use.  No numba
+        compilation: quant.prepare runs this in a worker thread while numba compiles
+        in the calling one (numba has one compiler lock)."""
         if self._llvm is None:
             addr = _jit.load(self.name, self.level, self.build, self.symbols())
-            fns = np.zeros(6, np.int64)       # no tiles: run() is never given row < 0
-            fns[:len(addr)] = [addr[s] for s in self.symbols()]
+            fns = np.zeros(N_SLOTS, np.int64)  # no tiles: run() is never given row < 0
+            for (slot, _), symbol in zip(self._slots(), self.symbols()):
+                fns[slot] = addr[symbol]
             t, lv = self.ggml_type, self.level
             if prep_function(t, lv) is None:
-                fns[0] = 0
+                fns[PREP_MV] = 0
             if not self.has_tiles or tile_prep_function(t, lv) is None:
-                fns[2] = 0
+                fns[PREP_MM] = 0
             self._llvm = fns
         return self._llvm
 
     def load(self) -> np.ndarray:
         """All of fns: `compile()`'s, and the activation quantizer of the format's
-        vec_dot_type with its code (fns[4:6], activations.row_quantizer)."""
+        vec_dot_type with its code (fns[QUANTIZER], fns[QUANT_CODE]:
+        activations.row_quantizer)."""
         if self.fns is None:
             fns = self.compile().copy()
-            fns[4:6] = row_quantizer(FORMATS[self.ggml_type].vec_dot_type)
+            address, code = row_quantizer(FORMATS[self.ggml_type].vec_dot_type)
+            fns[QUANTIZER], fns[QUANT_CODE] = address, code
             self.fns = fns
         return self.fns
 
@@ -282,14 +304,15 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     row >= 0: matvec of activation row `row`, y f32[n_out];
     row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened).
     xf f32[1, n_in] (decode; else [0, 0]): the activations still as floats, quantized
-    here by fns[4] into x, xd, xs (the caller's scratch, row 0): one call from Python
-    per matvec instead of two (activations.row_quantizer).  The caller allocates
-    them: each new `np.empty` signature in `run` cost its compile ~0.4 s."""
-    if xf.shape[0] == 1 and _quantize(fns[4], fns[5], xf, x, xd, xs) != 0:
+    here by fns[QUANTIZER] into x, xd, xs (the caller's scratch, row 0): one call from
+    Python per matvec instead of two (activations.row_quantizer).  The caller
+    allocates them: each new `np.empty` signature in `run` cost its compile ~0.4 s."""
+    if (xf.shape[0] == 1
+            and _quantize(fns[QUANTIZER], fns[QUANT_CODE], xf, x, xd, xs) != 0):
         raise NonFiniteActivations(NON_FINITE)
     m, n = x.shape
     one = row >= 0
-    prep = fns[0] if one else fns[2]
+    prep = fns[PREP_MV] if one else fns[PREP_MM]
     nr = 1 if one else m
     s = np.empty((nr, n if prep != 0 else 0), np.uint8)
     if prep != 0 and one:             # decode: no second parallel region per matvec
@@ -302,11 +325,11 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
         p = cp[c]
         r1 = min(parts[p, 1], cr[c] + ROWS)
         if one:
-            _call_matvec(fns[1], parts[p, 0], cr[c], r1, parts[p, 2], rb, x[row],
+            _call_matvec(fns[MATVEC], parts[p, 0], cr[c], r1, parts[p, 2], rb, x[row],
                          xd[row], xs[row], s[0], y)
         else:
-            _call_matmul(fns[3], parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd, xs,
-                         s, y, ldy)
+            _call_matmul(fns[MATMUL], parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd,
+                         xs, s, y, ldy)
 
 
 # --- the first start ------------------------------------------------------------------

@@ -203,7 +203,8 @@ class NonFiniteActivations(FloatingPointError):
 NON_FINITE = "the activations to quantize hold a NaN or an infinity"
 
 _F32_2D = types.Array(types.float32, 2, "C")
-# vec_dot_type -> (quantizer, its signature, the driver's code for it: fns[5])
+# vec_dot_type -> (quantizer, its signature, the driver's code for it:
+# fns[_int.QUANT_CODE])
 _ROW_QUANTIZERS = {
     T.Q8_0: (_quant_q8_0_rows, (_F32_2D, types.Array(types.int8, 2, "C"), _F32_2D,
                                 _F32_2D, types.boolean), 0),
