@@ -70,10 +70,10 @@ class Config:
                 f"cannot be chosen from {moe_int('expert_count')}")
         if gguf.has(key("vocab_size")):
             vocab = gguf.get_int(key("vocab_size"), positive=True)
-        elif "token_embd.weight" in gguf.tensors:
-            embd = gguf.tensors["token_embd.weight"]
+        elif family.embedding.name in gguf.tensors:
+            embd = gguf.tensors[family.embedding.name]
             if len(embd.shape) != 2:
-                raise ShapeMismatch(f"{gguf.path}: token_embd.weight should be 2-D, "
+                raise ShapeMismatch(f"{gguf.path}: {embd.name} should be 2-D, "
                                     f"has shape {list(embd.shape)}")
             vocab = embd.shape[1]
         else:

@@ -58,27 +58,11 @@ from .decode import Decoder
 from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
+from .ffn import DenseFfn
 from .moe import MoeFfn, check_top_p, load_moe_ffn
-from .ops import apply_rope, rms_norm, rope_angles, swiglu
+from .ops import apply_rope, rms_norm, rope_angles
 from . import validate
 from .weights import FusedLinear, LinearWeight, WeightReader
-
-
-class DenseFfn:
-    """The SwiGLU feed-forward network: h `[n, hidden]` -> `[n, hidden]`."""
-
-    def __init__(self, gate_up: FusedLinear, down: LinearWeight):
-        self.gate_up = gate_up   # Wgate, Wup [ffn, hidden]
-        self.down = down         # Wdown [hidden, ffn]
-
-    def __call__(self, h: np.ndarray, path: str = "auto") -> np.ndarray:
-        gate, up = self.gate_up(h, path)                        # [n, ffn] each
-        return self.down(swiglu(gate, up), path)                # [n, hidden]
-
-    @property
-    def nbytes_per_token(self) -> int:
-        """Weight bytes one decoded token reads: all of them."""
-        return sum(p.nbytes for p in self.gate_up.parts) + self.down.nbytes
 
 
 @dataclass
@@ -131,31 +115,17 @@ def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
     return layer.ffn(h, step.path)                              # dense or experts
 
 
-def load_layer(w: WeightReader, cfg: Config, i: int,
-               expert_top_p: float = 1.0) -> Layer:
-    """Layer i's weights, every shape checked against the config."""
-    fam, b = cfg.family, f"blk.{i}."
-    h, D, qd, kvd = cfg.hidden_size, cfg.head_dim, cfg.q_dim, cfg.kv_dim
-    ffn = (load_moe_ffn(w, cfg, b, expert_top_p) if fam.moe  # the family decides
-           else load_dense_ffn(w, cfg, b))
-    return Layer(
-        attn_norm=w.vector(b + "attn_norm.weight", h),
-        qkv=FusedLinear([w.linear(b + "attn_q", qd, h, bias=fam.qkv_bias),
-                         w.linear(b + "attn_k", kvd, h, bias=fam.qkv_bias),
-                         w.linear(b + "attn_v", kvd, h, bias=fam.qkv_bias)]),
-        q_norm=w.vector(b + "attn_q_norm.weight", D) if fam.qk_norm else None,
-        k_norm=w.vector(b + "attn_k_norm.weight", D) if fam.qk_norm else None,
-        attn_out=w.linear(b + "attn_output", h, qd),
-        ffn_norm=w.vector(b + "ffn_norm.weight", h),
-        ffn=ffn,
-    )
-
-
-def load_dense_ffn(w: WeightReader, cfg: Config, prefix: str) -> DenseFfn:
-    h, f = cfg.hidden_size, cfg.intermediate_size
-    return DenseFfn(FusedLinear([w.linear(prefix + "ffn_gate", f, h),
-                                 w.linear(prefix + "ffn_up", f, h)]),
-                    w.linear(prefix + "ffn_down", h, f))
+def load_layer(w: WeightReader, i: int, expert_top_p: float = 1.0) -> Layer:
+    """Layer i's weights, as its family's table lists them (families.py); a family
+    without q/k norms has None there, and the FFN is dense or a mixture of experts as
+    the table says."""
+    t = w.layer(i)
+    ffn = (load_moe_ffn(t, w.cfg, expert_top_p) if w.cfg.family.moe
+           else DenseFfn.from_weights(t))
+    return Layer(attn_norm=t["attention_norm"],
+                 qkv=FusedLinear([t["wq"], t["wk"], t["wv"]]),
+                 q_norm=t.get("q_norm"), k_norm=t.get("k_norm"), attn_out=t["wo"],
+                 ffn_norm=t["feed_forward_norm"], ffn=ffn)
 
 
 class Model:
@@ -193,14 +163,14 @@ class Model:
         has_vocab = tokenizer and gguf.has("tokenizer.ggml.tokens")
         vocab = Tokenizer.from_gguf(gguf) if has_vocab else None
         validate.check_model_file(gguf, cfg, vocab)     # a file is untrusted input
-        w = WeightReader(gguf)
-        embedding = w.linear("token_embd", cfg.vocab_size, cfg.hidden_size)
-        # Tied: without output.weight the embedding is the lm_head (the same object).
-        output = (w.linear("output", cfg.vocab_size, cfg.hidden_size)
-                  if w.has("output") else embedding)
-        layers = [load_layer(w, cfg, i, expert_top_p) for i in range(cfg.num_layers)]
-        output_norm = w.vector("output_norm.weight", cfg.hidden_size)
-        return cls(gguf, cfg, vocab, embedding, layers, output_norm, output)
+        w = WeightReader(gguf, cfg)
+        top = w.model()
+        # Tied: without its own output matrix the embedding is the lm_head (the same
+        # object, no copy).
+        output = top["lm_head"] if top["lm_head"] is not None else top["embedding"]
+        layers = [load_layer(w, i, expert_top_p) for i in range(cfg.num_layers)]
+        return cls(gguf, cfg, vocab, top["embedding"], layers, top["final_norm"],
+                   output)
 
     @property
     def path(self) -> Path:

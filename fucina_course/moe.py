@@ -55,7 +55,9 @@ from numba import njit
 
 from . import quant
 from .errors import FucinaError
+from .ffn import DenseFfn
 from .ops import swiglu
+from .weights import FusedLinear
 
 NORM_SUM_FLOOR = np.float32(6.103515625e-5)  # ggml clamps the weight sum here (2^-14)
 
@@ -189,7 +191,7 @@ class RoutingLog:
 class MoeFfn:
     """The FFN of a MoE layer: h `[n, hidden]` -> `[n, hidden]`, like `DenseFfn`.
 
-    `experts[e]` is itself a dense SwiGLU FFN (model.DenseFfn) over expert e's slice of
+    `experts[e]` is itself a dense SwiGLU FFN (ffn.DenseFfn) over expert e's slice of
     the stacked tensors; the router is a `LinearWeight` with E outputs.
     """
 
@@ -271,19 +273,12 @@ def group_by_expert(experts: np.ndarray):
             yield e, chunk
 
 
-def load_moe_ffn(w, cfg, prefix: str, top_p: float = 1.0) -> MoeFfn:
-    """A MoE layer's router and experts (`{prefix}ffn_gate_inp`, `ffn_*_exps`),
-    every shape checked against the config; the experts stay in the memory map."""
-    from .model import DenseFfn
-    from .weights import FusedLinear
-
-    h, f, n = cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts
-    router = w.linear(prefix + "ffn_gate_inp", n, h)
-    gate = w.experts(prefix + "ffn_gate_exps", n, f, h)
-    up = w.experts(prefix + "ffn_up_exps", n, f, h)
-    down = w.experts(prefix + "ffn_down_exps", n, h, f)
-    experts = [DenseFfn(FusedLinear([g, u]), d) for g, u, d in zip(gate, up, down)]
-    return MoeFfn(router, experts, cfg.num_experts_used, cfg.norm_topk_prob, top_p)
+def load_moe_ffn(w: dict, cfg, top_p: float = 1.0) -> MoeFfn:
+    """A MoE layer's router and experts from its weights by role
+    (weights.WeightReader.layer); the experts stay in the memory map."""
+    experts = [DenseFfn(FusedLinear([g, u]), d) for g, u, d in
+               zip(w["experts_gate"], w["experts_up"], w["experts_down"])]
+    return MoeFfn(w["router"], experts, cfg.num_experts_used, cfg.norm_topk_prob, top_p)
 
 
 class recording:

@@ -27,6 +27,8 @@ import gguf
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
+from .config import Config
+from .families import FAMILIES
 from .quant.formats import FORMATS
 from .tokenizer import TokenType
 
@@ -154,6 +156,27 @@ class _TensorMaker:
     def norm(self, n: int) -> np.ndarray:
         return (1.0 + 0.1 * self.rng.standard_normal(n)).astype(np.float32)
 
+    def bias(self, n: int) -> np.ndarray:
+        return (0.02 * self.rng.standard_normal(n)).astype(np.float32)
+
+    def tensor(self, t, cfg, type_name: str, std: float | None = None):
+        """(data, type) of a table entry (families.TensorSpec): norms ~1, matrices
+        ~1/sqrt(n_in) (`std` overrides), a router in F32, an expert stack as E
+        matrices."""
+        shape = t.shape(cfg)
+        if len(shape) == 1:
+            return self.norm(shape[0]), T.F32
+        n_out, n_in = shape[-2:]
+        if t.float32:                    # the router: F32 in every converter's output
+            w = self.rng.standard_normal((n_out, n_in), dtype=np.float32)
+            w /= np.float32(np.sqrt(n_in))
+            return w, T.F32
+        std = 1.0 / np.sqrt(n_in) if std is None else std
+        if len(shape) == 2:
+            return self.matrix(n_out, n_in, type_name, std)
+        mats = [self.matrix(n_out, n_in, type_name, std) for _ in range(shape[0])]
+        return np.stack([m for m, _ in mats]), mats[0][1]
+
 
 def _logical_shape(data: np.ndarray, qtype: T) -> tuple[int, int]:
     if data.dtype != np.uint8:
@@ -172,9 +195,9 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
     exist to write deliberately broken files for the error tests.
     """
     s = spec
-    if s.arch not in ("qwen3", "qwen3moe"):
-        raise ValueError(f"synthetic architectures are qwen3 and qwen3moe, "
-                         f"not {s.arch!r}")
+    if s.arch not in FAMILIES:
+        raise ValueError(f"no family {s.arch!r} to write "
+                         f"(known: {', '.join(FAMILIES)})")
     vocab = vocabulary(s.vocab_size)
     n_vocab = len(vocab["tokens"])
     mk = _TensorMaker(s)
@@ -196,7 +219,7 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
         f"{a}.rope.freq_base": ("float32", s.rope_theta),
         f"{a}.attention.layer_norm_rms_epsilon": ("float32", s.rms_norm_eps),
     }
-    if a == "qwen3moe":
+    if FAMILIES[a].moe:
         meta.update({f"{a}.expert_count": ("uint32", s.num_experts),
                      f"{a}.expert_used_count": ("uint32", s.num_experts_used),
                      f"{a}.expert_feed_forward_length":
@@ -232,46 +255,44 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
                                    dtype=np.uint8)
         w.add_tensor(name, data, raw_dtype=qtype)
 
-    h = s.hidden_size
-    q_dim, kv_dim = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-    emb_type = s.embedding_type or s.weight_type
-    add("token_embd.weight", mk.matrix(n_vocab, h, emb_type, 0.05))
-    add("output_norm.weight", (mk.norm(h), T.F32))
-    if not s.tied_embeddings:
-        out_type = s.output_type or s.weight_type
-        add("output.weight", mk.matrix(n_vocab, h, out_type, 1.0 / np.sqrt(h)))
-    wt = s.weight_type
-    for i in range(s.num_layers):
-        b = f"blk.{i}."
-        add(b + "attn_norm.weight", (mk.norm(h), T.F32))
-        add(b + "attn_q.weight", mk.matrix(q_dim, h, wt, 1.0 / np.sqrt(h)))
-        add(b + "attn_k.weight", mk.matrix(kv_dim, h, wt, 1.0 / np.sqrt(h)))
-        add(b + "attn_v.weight", mk.matrix(kv_dim, h, wt, 1.0 / np.sqrt(h)))
-        add(b + "attn_output.weight", mk.matrix(h, q_dim, wt, 1.0 / np.sqrt(q_dim)))
-        add(b + "attn_q_norm.weight", (mk.norm(s.head_dim), T.F32))
-        add(b + "attn_k_norm.weight", (mk.norm(s.head_dim), T.F32))
-        add(b + "ffn_norm.weight", (mk.norm(h), T.F32))
-        if s.arch == "qwen3":
-            ff = s.intermediate_size
-            add(b + "ffn_gate.weight", mk.matrix(ff, h, wt, 1.0 / np.sqrt(h)))
-            add(b + "ffn_up.weight", mk.matrix(ff, h, wt, 1.0 / np.sqrt(h)))
-            add(b + "ffn_down.weight", mk.matrix(h, ff, wt, 1.0 / np.sqrt(ff)))
-        else:
-            e, f = s.num_experts, s.moe_intermediate_size
-            router = mk.rng.standard_normal((e, h), dtype=np.float32)
-            router /= np.float32(np.sqrt(h))
-            add(b + "ffn_gate_inp.weight", (router, T.F32))
-            for name, rows, cols in (("ffn_gate_exps", f, h), ("ffn_up_exps", f, h),
-                                     ("ffn_down_exps", h, f)):
-                mats = [mk.matrix(rows, cols, wt, 1.0 / np.sqrt(cols))
-                        for _ in range(e)]
-                add(b + name + ".weight", (np.stack([m for m, _ in mats]), mats[0][1]))
+    cfg = _config(s, n_vocab)
+    for name, data_type in _tensors(s, cfg, mk):
+        add(name, data_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=progress)
     w.close()
     os.replace(tmp, path)
     return path
+
+
+def _config(s: SynthSpec, n_vocab: int) -> Config:
+    """The Config the file will have: its family's tensor table sizes the tensors."""
+    return Config(family=FAMILIES[s.arch], vocab_size=n_vocab,
+                  hidden_size=s.hidden_size,
+                  intermediate_size=s.intermediate_size, num_layers=s.num_layers,
+                  num_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                  head_dim=s.head_dim, rms_norm_eps=s.rms_norm_eps,
+                  rope_theta=s.rope_theta, context_length=s.context_length,
+                  num_experts=s.num_experts, num_experts_used=s.num_experts_used,
+                  moe_intermediate_size=s.moe_intermediate_size)
+
+
+def _tensors(s: SynthSpec, cfg: Config, mk: "_TensorMaker"):
+    """(GGUF name, (data, type)) of every tensor, in the family table's order (which
+    is also the order of the random draws: a spec always gives the same bytes)."""
+    fam = cfg.family
+    for t in fam.model:
+        if t.optional and s.tied_embeddings:
+            continue
+        kind = {"embedding": s.embedding_type, "lm_head": s.output_type}.get(t.role)
+        std = 0.05 if t.role == "embedding" else None
+        yield t.name, mk.tensor(t, cfg, kind or s.weight_type, std)
+    for i in range(cfg.num_layers):
+        for t in fam.layer:
+            yield f"blk.{i}.{t.name}", mk.tensor(t, cfg, s.weight_type)
+            if t.bias:
+                yield f"blk.{i}.{t.bias}", (mk.bias(t.shape(cfg)[0]), T.F32)
 
 
 def cached_synthetic(spec: SynthSpec) -> Path:

@@ -172,44 +172,26 @@ def check_config(cfg: Config, gguf: GGUFFile | None = None) -> None:
 # --- tensors --------------------------------------------------------------------------
 
 def expected_tensors(cfg: Config) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{tensor name: (GGML-order shape, "vector" | "matrix")} the config implies.
+    """{tensor name: (GGML-order shape, "vector" | "matrix")} the config implies: its
+    family's table (families.py) for this many layers.
 
     GGML order: the innermost (contiguous) dimension first, so a weight `[n_out, n_in]`
-    is listed as `(n_in, n_out)`.  `output.weight` is not listed: it is optional (tied
-    embeddings), and checked like the embedding when present.
+    is listed as `(n_in, n_out)`.  Optional tensors (the lm_head of a tied model) are
+    not listed; `check_tensors` checks them when present.
     """
     fam = cfg.family
-    h, qd, kvd, d = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.head_dim
-    out: dict[str, tuple[tuple[int, ...], str]] = {
-        "token_embd.weight": ((h, cfg.vocab_size), "matrix"),
-        "output_norm.weight": ((h,), "vector"),
-    }
-    for i in range(cfg.num_layers):
-        b = f"blk.{i}."
-        out[b + "attn_norm.weight"] = ((h,), "vector")
-        out[b + "attn_q.weight"] = ((h, qd), "matrix")
-        out[b + "attn_k.weight"] = ((h, kvd), "matrix")
-        out[b + "attn_v.weight"] = ((h, kvd), "matrix")
-        if fam.qkv_bias:
-            out[b + "attn_q.bias"] = ((qd,), "vector")
-            out[b + "attn_k.bias"] = ((kvd,), "vector")
-            out[b + "attn_v.bias"] = ((kvd,), "vector")
-        if fam.qk_norm:
-            out[b + "attn_q_norm.weight"] = ((d,), "vector")
-            out[b + "attn_k_norm.weight"] = ((d,), "vector")
-        out[b + "attn_output.weight"] = ((qd, h), "matrix")
-        out[b + "ffn_norm.weight"] = ((h,), "vector")
-        if fam.moe:
-            e, f = cfg.num_experts, cfg.moe_intermediate_size
-            out[b + "ffn_gate_inp.weight"] = ((h, e), "matrix")
-            out[b + "ffn_gate_exps.weight"] = ((h, f, e), "matrix")
-            out[b + "ffn_up_exps.weight"] = ((h, f, e), "matrix")
-            out[b + "ffn_down_exps.weight"] = ((f, h, e), "matrix")
-        else:
-            f = cfg.intermediate_size
-            out[b + "ffn_gate.weight"] = ((h, f), "matrix")
-            out[b + "ffn_up.weight"] = ((h, f), "matrix")
-            out[b + "ffn_down.weight"] = ((f, h), "matrix")
+    specs = [("", t) for t in fam.model if not t.optional]
+    specs += [(f"blk.{i}.", t) for i in range(cfg.num_layers) for t in fam.layer]
+    return _entries(specs, cfg)
+
+
+def _entries(specs, cfg: Config) -> dict[str, tuple[tuple[int, ...], str]]:
+    out = {}
+    for prefix, t in specs:
+        shape = t.ggml_shape(cfg)
+        out[prefix + t.name] = (shape, "vector" if len(shape) == 1 else "matrix")
+        if t.bias:
+            out[prefix + t.bias] = (shape[-1:], "vector")
     return out
 
 
@@ -226,9 +208,8 @@ def check_tensors(gguf: GGUFFile, cfg: Config) -> None:
     from .quant import check_supported
 
     expected = expected_tensors(cfg)
-    embedding_shape = expected["token_embd.weight"][0]
-    if "output.weight" in gguf.tensors:
-        expected["output.weight"] = (embedding_shape, "matrix")
+    expected.update(_entries([("", t) for t in cfg.family.model
+                              if t.optional and t.name in gguf.tensors], cfg))
     for name, (shape, kind) in expected.items():
         t = gguf.tensors.get(name)
         if t is None:

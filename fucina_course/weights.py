@@ -19,8 +19,8 @@ no more memory than mapping its file.  On top of that:
 * **Expert stacks.**  A mixture-of-experts file stores each projection of all E experts
   as one `[E, n_out, n_in]` tensor; `WeightReader.experts` hands out one `LinearWeight`
   per expert, each viewing its contiguous slice of the mapped bytes (moe.py).
-* **Checked shapes.**  `WeightReader` fetches a model's tensors by name and checks each
-  shape against the config: a mismatch is a broken or foreign file, named in the error.
+* **One table.**  `WeightReader` fetches a model's tensors as its family's table lists
+  them (families.py), after validate.py has checked the file against the same table.
 
 `path` chooses how a matrix meets several activation rows (`quant.matmul`): "auto"
 (fastest for the row count) or "rows", which computes every row with the decode kernels'
@@ -64,14 +64,6 @@ class LinearWeight:
     @property
     def nbytes(self) -> int:
         return self.info.n_bytes
-
-    def expect(self, n_out: int, n_in: int) -> "LinearWeight":
-        """Check the shape against the config (else: a broken or foreign file)."""
-        if (self.n_out, self.n_in) != (n_out, n_in):
-            raise ShapeMismatch(f"tensor {self.name!r} has shape "
-                                f"[{self.n_out}, {self.n_in}] but the config implies "
-                                f"[{n_out}, {n_in}]")
-        return self
 
     def __call__(self, x: np.ndarray, path: str = "auto") -> np.ndarray:
         """x `[n, n_in]` -> `[n, n_out]` (+ bias)."""
@@ -135,41 +127,53 @@ def _multiply(matrix, x: np.ndarray, path: str) -> np.ndarray:
 
 
 class WeightReader:
-    """A model's tensors by GGUF name, each checked against the config's shape."""
+    """A model's tensors as its family's table lists them (families.py), one object per
+    role: a float32 vector (norms), a `LinearWeight` (+ its bias), or one
+    `LinearWeight` per expert of a stacked tensor.
 
-    def __init__(self, gguf: GGUFFile):
-        self.gguf = gguf
+    Only for a file that `validate.check_tensors` has passed: every tensor the table
+    lists is there, with the shape the config implies and a type the engine computes
+    with, so nothing is checked a second time here."""
 
-    def has(self, name: str) -> bool:
-        return f"{name}.weight" in self.gguf.tensors
+    def __init__(self, gguf: GGUFFile, cfg):
+        self.gguf, self.cfg = gguf, cfg
 
-    def vector(self, name: str, n: int) -> np.ndarray:
-        """Tensor `name` as n float32 values (norm weights, biases), zero-copy."""
-        t = self.gguf.tensor(name)
-        if t.ggml_type.name != "F32" or t.n_elements != n:
-            raise ShapeMismatch(f"tensor {t.name!r} should be {n} float32 values, "
-                                f"is {t.type_name} {t.shape}")
-        return t.data.view(np.float32)
+    def model(self) -> dict:
+        """{role: weight} of the tensors outside the layers (an absent optional one:
+        None)."""
+        return {t.role: self.load(t) for t in self.cfg.family.model}
 
-    def linear(self, name: str, n_out: int, n_in: int,
-               bias: bool = False) -> LinearWeight:
-        """`{name}.weight` as an `[n_out, n_in]` matrix (+ `{name}.bias` if `bias`)."""
-        b = self.vector(f"{name}.bias", n_out) if bias else None
-        return LinearWeight(self.gguf.tensor(f"{name}.weight"), b).expect(n_out, n_in)
+    def layer(self, i: int) -> dict:
+        """{role: weight} of layer i's tensors."""
+        return {t.role: self.load(t, f"blk.{i}.") for t in self.cfg.family.layer}
 
-    def experts(self, name: str, n_experts: int, n_out: int,
-                n_in: int) -> list[LinearWeight]:
-        """`{name}.weight`, a stack of n_experts `[n_out, n_in]` matrices (GGML shape
-        (n_in, n_out, n_experts)), as one `LinearWeight` per expert.
+    def load(self, spec, prefix: str = ""):
+        """The tensor `prefix + spec.name` as its role uses it (None if optional and
+        absent)."""
+        name = prefix + spec.name
+        if name not in self.gguf.tensors:
+            if spec.optional:
+                return None
+            self.gguf.tensor(name)          # raises: the file lacks it
+        if len(spec.dims) == 1:
+            return self.vector(name)
+        bias = self.vector(prefix + spec.bias) if spec.bias else None
+        if len(spec.dims) == 2:
+            return LinearWeight(self.gguf.tensor(name), bias)
+        return self.experts(name, spec.shape(self.cfg)[0])
+
+    def vector(self, name: str) -> np.ndarray:
+        """Tensor `name` (F32) as a float32 array, zero-copy."""
+        return self.gguf.tensor(name).data.view(np.float32)
+
+    def experts(self, name: str, n_experts: int) -> list[LinearWeight]:
+        """`name`, a stack of n_experts `[n_out, n_in]` matrices (GGML shape (n_in,
+        n_out, n_experts)), as one `LinearWeight` per expert.
 
         Expert e is rows e*n_out ... (e+1)*n_out of the stack, a contiguous run of
         bytes: each expert views its slice of the memory map, nothing is copied."""
-        t = self.gguf.tensor(f"{name}.weight")
-        if tuple(t.shape) != (n_in, n_out, n_experts):
-            raise ShapeMismatch(f"tensor {t.name!r} has GGML shape {list(t.shape)} but "
-                                f"the config implies {n_experts} experts of "
-                                f"[{n_out}, {n_in}]: {[n_in, n_out, n_experts]}")
-        quant.check_supported(t.ggml_type, t.name)
+        t = self.gguf.tensor(name)
+        n_in, n_out = t.shape[:2]
         per = t.n_bytes // n_experts
         flat = t.data.reshape(-1)
         return [LinearWeight(replace(t, name=f"{t.name}[{e}]", shape=(n_in, n_out),

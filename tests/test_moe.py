@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 from fucina_course import FucinaError, MetadataError, ShapeMismatch, moe
-from fucina_course.model import DenseFfn, Model
+from fucina_course.ffn import DenseFfn
+from fucina_course.model import Model
 from fucina_course.moe import MoeFfn, expert_top_p, recording, route
 from fucina_course.oracles import verify_cache
 from fucina_course.synth import TINY_QWEN3_MOE, with_format, write_synthetic

@@ -1,0 +1,34 @@
+"""The dense feed-forward network of a layer: SwiGLU, `(silu(h Wgate) * h Wup) Wdown`.
+
+Its own module because two others build on it: model.py runs it as a dense layer's FFN,
+and moe.py runs E of them as experts (each over its slice of the stacked tensors).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .ops import swiglu
+from .weights import FusedLinear, LinearWeight
+
+
+class DenseFfn:
+    """The SwiGLU feed-forward network: h `[n, hidden]` -> `[n, hidden]`."""
+
+    def __init__(self, gate_up: FusedLinear, down: LinearWeight):
+        self.gate_up = gate_up   # Wgate, Wup [ffn, hidden]
+        self.down = down         # Wdown [hidden, ffn]
+
+    @classmethod
+    def from_weights(cls, w: dict) -> "DenseFfn":
+        """From a layer's weights by role (weights.WeightReader.layer)."""
+        return cls(FusedLinear([w["w_gate"], w["w_up"]]), w["w_down"])
+
+    def __call__(self, h: np.ndarray, path: str = "auto") -> np.ndarray:
+        gate, up = self.gate_up(h, path)                        # [n, ffn] each
+        return self.down(swiglu(gate, up), path)                # [n, hidden]
+
+    @property
+    def nbytes_per_token(self) -> int:
+        """Weight bytes one decoded token reads: all of them."""
+        return sum(p.nbytes for p in self.gate_up.parts) + self.down.nbytes
