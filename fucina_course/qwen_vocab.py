@@ -26,7 +26,7 @@ import base64
 import os
 from pathlib import Path
 
-from .chat import CHATML
+from .chat_template import CHATML
 from .tokenizer import TokenType, map_bytes
 
 VOCAB_FILENAME = "qwen3-vocab-only.gguf"
@@ -50,7 +50,7 @@ QWEN3_SPECIALS = [
 ]
 
 # ChatML, the conversation format of every Qwen instruct model: one constant, the
-# chat module's (the fallback for files without a template).
+# chat_template module's (the fallback for files without a template).
 CHATML_TEMPLATE = CHATML
 
 

@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fucina_course.chat import (CHATML, EMPTY_THINK, ChatFormat, ChatTemplate,
-                                Conversation, without_think)
+from fucina_course.chat import EMPTY_THINK, ChatFormat, Conversation, without_think
+from fucina_course.chat_template import CHATML, ChatTemplate
 from fucina_course.errors import ContextFull, FucinaError
 from fucina_course.sampler import Sampler, SamplerConfig
 
