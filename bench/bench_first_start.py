@@ -9,8 +9,10 @@ process, wall clock from start to exit, pinned to `--cpus` (default: the first t
 set to a new empty directory, where numba and the quant package put every compiled
 kernel (quant/_jit.py keeps its object files next to numba's) and the tokenizer its
 built tables, so nothing is compiled or cached yet -- what a first run after `pip
-install` pays; the model file is already downloaded (and passed as a path).  Warm: the
-same directory again, everything cached.  Prints the wall times and the answer.
+install` pays, and what fucina_course/startup.py's first start (the compilation before
+the first token, a helper process on the second core) is for; the model file is
+already downloaded (and passed as a path).  Warm: the same directory again, everything
+cached.  Prints the wall times and the answer.
 
 Each run starts in the cache directory, not here: `python -m` puts the working
 directory first on sys.path, so in a checkout it would run the checkout's package

@@ -25,7 +25,10 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     validate.py      the checks a hostile model file must pass before it is used
     bench.py         the prefill/decode timing harness of `fucina bench` and the book
     viz.py, widgets.py, sampler_widget.py   plots and widgets of the chapters
-    cli.py           the `fucina` command
+    startup.py       the first start: compile a model's kernels before its first
+                     token, a helper process on the second core
+    cli.py           the `fucina` command: subcommands and flags (from tables)
+    commands.py      what each `fucina` subcommand does
 
 To add a model family: a record in families.py (and an op in ops.py if it needs a new
 one).  A block format: a record in quant/formats.py plus its kernels, entered in the

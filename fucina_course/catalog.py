@@ -228,13 +228,14 @@ def resolve(model: str | os.PathLike | None = None, *, quiet: bool = False) -> P
     )
 
 
-def load_model(model: str | os.PathLike | None = None, *, threads: int | None = None):
+def load_model(model: str | os.PathLike | None = None, *, threads: int | None = None,
+               expert_top_p: float = 1.0):
     """`Model.load` of a MODEL argument (a path, a named model fetched on first use, or
     None for `$FUCINA_MODEL` / the default): the one place where a name becomes a
-    file."""
+    file, for the API and for every command of the CLI."""
     from .model import Model
 
-    return Model.load(resolve(model), threads=threads)
+    return Model.load(resolve(model), threads=threads, expert_top_p=expert_top_p)
 
 
 def list_cached() -> list[tuple[str, Path | None, NamedModel]]:

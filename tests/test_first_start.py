@@ -1,4 +1,4 @@
-"""The first start's second process (fucina_course/first_start.py): what it compiles is
+"""The first start's second process (fucina_course/startup.py): what it compiles is
 found in numba's disk cache by a real forward pass, never compiled again.
 
 A numba cache entry is reused only for exactly the argument types it was compiled
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from fucina_course import first_start
+from fucina_course import startup
 from model_cases import tiny_model, tiny_moe_model
 
 # The kernels of the prefill path outside quant/: the helper's share of the work.
@@ -45,11 +45,11 @@ print(json.dumps(stats))
 
 _HELPER = """
 import sys
-from fucina_course.first_start import compile_prefill
+from fucina_course.startup import compile_prefill
 compile_prefill(sys.argv[1])
 """ + _STATS
 
-# The main process's side of cli._first_start: a decode step, then a prefill.
+# The main process's side of startup.first_start: a decode step, then a prefill.
 _FORWARD = """
 import sys
 from fucina_course.model import Model
@@ -87,17 +87,17 @@ def test_what_the_helper_compiles_is_a_cache_hit(which, tmp_path, coder_path):
 
 
 def test_a_helper_that_fails_costs_nothing(tmp_path):
-    helper = first_start.start(tmp_path / "missing.gguf")
+    helper = startup.start(tmp_path / "missing.gguf")
     if helper is None:                                   # one core: no helper at all
-        assert first_start.cores() < 2
+        assert startup.cores() < 2
         return
-    first_start.join(helper)
+    startup.join(helper)
     assert helper.returncode != 0
 
 
 def test_stop_kills_a_helper_that_still_runs():
     helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    first_start.join(helper, timeout=0.1)
+    startup.join(helper, timeout=0.1)
     assert helper.returncode is not None and helper.returncode != 0
 
 
@@ -110,12 +110,12 @@ def _helpers_of(model) -> list[int]:
                 argv = f.read().split(b"\0")
         except OSError:
             continue
-        if b"fucina_course.first_start" in argv and str(model).encode() in argv:
+        if b"fucina_course.startup" in argv and str(model).encode() in argv:
             pids.append(int(d))
     return pids
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc") or first_start.cores() < 2,
+@pytest.mark.skipif(not os.path.isdir("/proc") or startup.cores() < 2,
                     reason="needs Linux /proc and two cores")
 def test_a_command_that_fails_leaves_no_helper_behind(tmp_path):
     # cold cache: the helper starts as the model loads; the command then fails on
@@ -136,10 +136,10 @@ def test_a_cold_cli_run_starts_the_helper_early(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
     code = """if True:
         import sys, runpy
-        from fucina_course import first_start
+        from fucina_course import startup
         started = []
-        real = first_start.start
-        first_start.start = lambda path: started.append(path) or real(path)
+        real = startup.start
+        startup.start = lambda path: started.append(path) or real(path)
         sys.argv = ["fucina", "generate", sys.argv[1], "--ids", "1,2", "--gen", "2"]
         try:
             runpy.run_module("fucina_course", run_name="__main__")
@@ -153,6 +153,6 @@ def test_a_cold_cli_run_starts_the_helper_early(tmp_path):
                          capture_output=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     started, hits, misses = map(int, out.stdout.split()[-3:])
-    assert started == (1 if first_start.cores() >= 2 else 0)
+    assert started == (1 if startup.cores() >= 2 else 0)
     if started:
         assert hits >= 1 and misses == 0

@@ -43,7 +43,6 @@ from . import _cache  # noqa: F401  (before any cached kernel is defined)
 from .activations import (NonFiniteActivations, QuantizedActivations, fake_quant,
                           quantize_activations)
 from .dequant import dequantize, dequantize_rows
-from .first_start import pending, prepare
 from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
                       block_geometry, check_supported, row_bytes)
 from .matrix import MultiMatrix, QuantMatrix
@@ -56,5 +55,5 @@ __all__ = [
     "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "bound_matvec", "matmul",
     "PREFILL_MIN_ROWS", "quantize_activations", "QuantizedActivations", "fake_quant",
     "NonFiniteActivations",
-    "pending", "prepare", "kernel_choices",
+    "kernel_choices",
 ]
