@@ -8,6 +8,8 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     config.py        Config.from_gguf: the handful of integers that define a model
     tokenizer.py     byte-level BPE from the GGUF's vocabulary and merges; StreamDecoder
     pretokenizer.py  where BPE chunks may end (qwen2, llama3, gpt2, smollm rules)
+    tokenizer_cache.py
+                     the tokenizer's built tables on disk, keyed by vocabulary + code
     quant/           GGUF block formats: records (formats.py), dequantization, and the
                      matrix x vector (matvec.py) / matrix x matrix (matmul.py) kernels
     weights.py       LinearWeight / FusedLinear: a mapped matrix in its block format

