@@ -41,7 +41,7 @@ from fucina_course.quant import (
     quantize_activations,
 )
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
-from fucina_course.quant import _int_matvec, _jit
+from fucina_course.quant import _jit
 from fucina_course.quant._int import IntKernels
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
@@ -89,7 +89,9 @@ def row_len_for(t, n_blocks: int) -> int:
     return n_blocks * max(QK[t], 32)  # float formats: 32 at a time, comparable shapes
 
 
-INT_TYPES = list(_int_matvec.INT_FORMATS)  # formats with integer kernels
+# formats with integer kernels at the x86 levels; the generic level's IR kernels
+INT_TYPES = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
+GENERIC_IR_TYPES = [T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K]
 x86_only = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                               reason="the integer kernels are x86 code")
 INT_LEVELS = [lv for lv in isa.LEVELS if lv != isa.GENERIC]
@@ -651,9 +653,33 @@ def test_dispatch_table_covers_every_format_and_level():
         for lv in INT_LEVELS:
             k = matvec_mod.KERNELS[(t, lv)]
             assert isinstance(k, IntKernels) and matmul_mod.KERNELS[(t, lv)] is k
-    assert set(matmul_mod.ROWS_BLAS_MIN_ROWS) == set(INT_TYPES)
-    for table in matmul_mod.ROWS_BLAS_MIN_ROWS_BY_LEVEL.values():
-        assert set(table) == set(INT_TYPES) and min(table.values()) >= 64
+    by_level = matmul_mod.ROWS_BLAS_MIN_ROWS_BY_LEVEL
+    assert matmul_mod.ROWS_BLAS_MIN_ROWS is by_level[isa.BEST]
+    for lv in INT_LEVELS:
+        assert set(by_level[lv]) == set(INT_TYPES) and min(by_level[lv].values()) >= 64
+    assert by_level[isa.GENERIC] == {}                  # no tiles at the generic level
+
+
+def test_every_format_record_names_its_kernels():
+    # Each kernel module registers its kernels into the records as it defines them
+    # (formats.registers); a format without a dequantizer, a float kernel or, at its
+    # integer levels, its row and tile builders would fail only when first used.
+    from fucina_course.quant.formats import registers
+
+    for t in ALL:
+        k = FORMATS[t].kernels
+        assert k.missing() == [], (t.name, k.missing())
+        want = ((*INT_LEVELS, isa.GENERIC) if t in GENERIC_IR_TYPES
+                else tuple(INT_LEVELS) if t in INT_TYPES else ())
+        assert k.int_levels == want, t.name
+        assert set(k.blas_from) == set(INT_LEVELS if t in INT_TYPES else ())
+    assert FORMATS[T.Q4_K].kernels.float_q16 and matvec_mod._X16 == {int(T.Q4_K)}
+    assert FORMATS[T.Q8_0].kernels.float_matvec is matvec_mod._mv_q8_0
+    with pytest.raises(ValueError, match="Q8_0: float_matvec is .*_mv_q8_0 already"):
+        registers("float_matvec", T.Q8_0)(matvec_mod._mv_q4_0)
+    registers("float_matvec", T.Q8_0)(matvec_mod._mv_q8_0)      # the same: no error
+    with pytest.raises(AttributeError):
+        registers("no_such_field", T.Q8_0)(matvec_mod._mv_q8_0)
 
 
 # Registers and encodings an AVX2-only CPU (an AMD EPYC, Zen 2/3) does not have: zmm,
@@ -701,7 +727,7 @@ def _asm_for(mod, triple: str, cpu: str, features: str = "") -> str:
     return tm.emit_assembly(llmod)
 
 
-@pytest.mark.parametrize("t", _int_matvec.GENERIC_FORMATS, ids=lambda t: t.name)
+@pytest.mark.parametrize("t", GENERIC_IR_TYPES, ids=lambda t: t.name)
 def test_generic_ir_kernels_are_portable(t):
     # The generic level's IR kernels name no target intrinsic, so LLVM compiles them
     # for any CPU: for 64-bit ARM they become NEON widening multiplies and native f16
@@ -760,12 +786,12 @@ def test_pending_and_prepare_in_a_cold_cache(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     code = """if True:
         from gguf import GGMLQuantizationType as T
-        from fucina_course import quant
+        from fucina_course import startup
         types = [T.Q4_0, T.F32, T.Q4_0]
-        print([t.name for t in quant.pending(types)])
+        print([t.name for t in startup.pending(types)])
         steps = []
-        quant.prepare(types, step=steps.append)
-        print(sorted(steps), [t.name for t in quant.pending(types)])
+        startup.prepare(types, step=steps.append)
+        print(sorted(steps), [t.name for t in startup.pending(types)])
     """
     out = _python(code, env).splitlines()
     assert out == ["['Q4_0']", "['Q4_0', 'activations', 'driver'] []"]

@@ -4,7 +4,9 @@ Weights stay in their GGUF block format, memory-mapped; the kernels decode the b
 the fly.  What lives where (data flows top to bottom):
 
 * formats.py -- one `BlockFormat` record per format (`FORMATS`): block size and bytes,
-  the offsets of its fields, its `vec_dot_type`.  Start here to add a format.
+  the offsets of its fields, its `vec_dot_type`, and `kernels` (a `FormatKernels`):
+  its dequantizer, its float matvec kernel, the levels and builders of its integer
+  kernels, matmul's BLAS crossovers.  Start here to add a format.
 * dequant.py -- `dequantize`, `dequantize_rows`: bit-exact against gguf-py.
 * activations.py -- `quantize_activations`: the activation rows rounded to Q8_0 / Q8_1 /
   Q8_K / f16 / bf16 exactly as llama.cpp does on x86, as int8 (and float32) arrays.
@@ -18,14 +20,34 @@ the fly.  What lives where (data flows top to bottom):
   this CPU runs, `isa.level`; FUCINA_SIMD forces a lower one.
 * _int_matvec.py, _int_matmul.py -- the integer kernels of matvec and matmul for the
   three x86 levels, built in LLVM IR (_ir.py: IR helpers, the kernel functions);
-  _int.py -- one format's kernels at one level, compiled on first use, and the two
-  numba drivers that run them in parallel; _jit.py -- LLVM compiles them for exactly
+  _int.py -- one format's kernels at one level, compiled on first use, and `run`, the
+  numba driver that runs them in parallel; _jit.py -- LLVM compiles them for exactly
   the level's features and caches the machine code on disk.
-* first_start.py -- `pending` / `prepare`: which kernels a model's formats still need
-  compiled, and compiling them before the first token (the CLI says so).
+* (the first start, outside the package: fucina_course/startup.py's `pending` /
+  `prepare` find which of these kernels a model's formats still need compiled, and
+  compile them before the first token.)
 * _intrinsics.py -- f16 <-> f32 and prefetch for numba code; _cache.py -- the disk
   caches stamped with the whole package (a kernel inlines IR from several files).
 * reference.py -- ggml's dot products in slow numpy: the kernels' test oracle.
+
+Adding a format.  The dispatch tables (matvec.KERNELS, matmul.KERNELS and its BLAS
+crossovers), SUPPORTED_TYPES, `kernel_choices` and what a first start compiles are
+built from the records, so a new format is:
+
+1. its record in formats.py: layout, `vec_dot_type`, and `kernels=_int_kernels(...)`
+   if it gets integer kernels (at which levels; matmul's BLAS crossovers);
+2. its dequantizer in dequant.py and its float matvec kernel in matvec.py, each
+   marked `@registers("dequantize", T.<fmt>)` / `@registers("float_matvec", ...)`;
+3. with integer kernels, its row builder in _int_matvec.py and tile builder in
+   _int_matmul.py (or a family's), named by a spec function registered as the
+   record's `int_rows` / `int_tiles`;
+4. its dot product in reference.py (the tests' oracle; `random_blocks` too if gguf-py
+   cannot quantize it), and its name in tests/test_quant.py (`ALL`, `INT_TYPES`,
+   `GENERIC_IR_TYPES`), whose tests then run it at every level and check that the
+   record is complete.
+
+A new activation format (`vec_dot_type`) also needs its quantizer in activations.py
+(`row_quantizer` for the integer kernels); synthetic models in the format, synth.py.
 
 Numerics: matvec and matmul (with the default `exact_activations=True`) compute ggml's
 formulas: the same activation rounding, the same integer block sums, the same float32

@@ -29,9 +29,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _jit, isa
-from ._int_matmul import tile_function, tile_prep_function, tile_side_function
-from ._int_matvec import (PREFETCH, ROW_BUILDERS, ROWS, prep_function,
-                          row_function)
+from ._int_matmul import tile_spec
+from ._int_matvec import (PREFETCH, ROWS, blk32_row, prep_function, row_function,
+                          row_spec)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
 from .activations import NON_FINITE, NonFiniteActivations, row_quantizer
 from .formats import FORMATS
@@ -89,9 +89,9 @@ class IntKernels:
         define_prep(mod, names[0], prep_function(t, lv) or _no_prep)
         define_matvec(mod, names[1], row_function(t, lv), bpb, PREFETCH)
         if self.has_tiles:
-            define_prep(mod, names[2], tile_prep_function(t, lv) or _no_prep)
-            define_matmul(mod, names[3], tile_function(t, lv), bpb, PREFETCH,
-                          tile_side_function(t, lv))
+            tile = tile_spec(t, lv)
+            define_prep(mod, names[2], tile.prep or _no_prep)
+            define_matmul(mod, names[3], tile.body, bpb, PREFETCH, tile.side)
 
     @property
     def cached(self) -> bool:
@@ -111,7 +111,7 @@ class IntKernels:
             t, lv = self.ggml_type, self.level
             if prep_function(t, lv) is None:
                 fns[PREP_MV] = 0
-            if not self.has_tiles or tile_prep_function(t, lv) is None:
+            if not self.has_tiles or tile_spec(t, lv).prep is None:
                 fns[PREP_MM] = 0
             self._llvm = fns
         return self._llvm
@@ -132,10 +132,9 @@ class IntKernels:
         t, lv = self.ggml_type, self.level
         if lv == "generic":
             return "portable IR (int16 products)"
-        builder, opts, prep = ROW_BUILDERS[(t, lv)]
-        wide = opts.get("width") == 512 or (builder.__name__ == "blk32_row"
-                                            and lv == "avx512vnni")
-        kquant = builder.__name__ != "blk32_row"
+        builder, opts, _ = row_spec(t, lv)
+        wide = opts.get("width") == 512 or (builder is blk32_row and lv == "avx512vnni")
+        kquant = builder is not blk32_row
         if lv == "avx2":
             ops = "vpmaddubsw + vpmaddwd"
             if t.name == "Q8_0":

@@ -30,21 +30,24 @@ order.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
 from . import isa
-from ._int_matvec import (ROW_BUILDERS, blk32_pair, blk32_quants, blk32_scales,
-                          blk32_signed, prep_interleave, prep_xor80,
-                          q4k_block_floats, q4k_d_dmin, q4k_dot, q4k_min_words,
-                          q4k_quants, q4k_result, q4k_scale_words, q4k_scales, q4k_x,
-                          q5k_high_bits, q6k_pair_scales, q6k_quants, q6k_scale_words,
-                          q6k_scales, unsigned_offset)
+from ._int_matvec import (blk32_pair, blk32_quants, blk32_scales, blk32_signed,
+                          prep_interleave, prep_xor80, q4k_block_floats, q4k_d_dmin,
+                          q4k_dot, q4k_min_words, q4k_quants, q4k_result,
+                          q4k_scale_words, q4k_scales, q4k_x, q5k_high_bits,
+                          q6k_pair_scales, q6k_quants, q6k_scale_words, q6k_scales,
+                          row_spec, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
                   const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
                   i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
                   splat, sum_rows)
-from .formats import FORMATS
+from .formats import FORMATS, registers
 
 
 def q4k_tile_side(b, nblk):
@@ -339,30 +342,51 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
 
 
 # --- which builder each (format, level) uses ------------------------------------------
-
-def tile_function(t, level):
-    """tile_body(b, w, nblk, tile, pf, rows) for `define_matmul`, with the same lanes
-    as the row builder of (t, level)."""
-    _, opts, _ = ROW_BUILDERS[(t, level)]
-    if t in (T.Q4_K, T.Q5_K):
-        return lambda b, w, n, tile, pf, rows: q4k_rows(b, w, n, tile, pf, rows, level,
-                                                        **opts)
-    if t == T.Q6_K:
-        return lambda b, w, n, tile, pf, rows: q6k_rows(b, w, n, tile, pf, rows, level)
-    return lambda b, w, n, tile, pf, rows: blk32_rows(b, w, n, tile, pf, rows, level, t)
+# Registered per format (`FORMATS[t].kernels.int_tiles`): (t, level) -> TileSpec, at
+# the x86 levels of the format's `int_levels` (the generic level has no tiles).
 
 
-def tile_side_function(t, level):
-    """The `tile_side` argument of define_matmul for (t, level), or None."""
-    return q4k_tile_side if t in (T.Q4_K, T.Q5_K) else None
+class TileSpec(NamedTuple):
+    """How the tile kernel of one format is built at one level, with the same lanes as
+    its row kernel (_int_matvec.row_spec): `body(b, w, nblk, tile, pf, rows)` for
+    define_matmul, its `side` (`tile_side`: once per tile, or None) and `prep`, the
+    define_prep body each activation row of a call needs (or None)."""
+
+    body: Callable
+    side: Callable | None
+    prep: Callable | None
 
 
-def tile_prep_function(t, level):
-    """The define_prep body each activation row of a tile needs, or None."""
-    if ROW_BUILDERS[(t, level)][2] == "interleave":
-        return prep_interleave
-    if t in (T.Q4_K, T.Q5_K):
-        return None
-    if t == T.Q6_K or _blk32_form(level, t) in ("vnni-offset", "avx2-offset"):
-        return prep_xor80
-    return None
+@registers("int_tiles", T.Q4_K, T.Q5_K)
+def _kquant_tile_spec(t, level) -> TileSpec:
+    """q4k_rows with the row kernel's width; its zmm form reads the nibble-ordered
+    activations, the ymm one the activations as they are."""
+    _, opts, prep = row_spec(t, level)
+    return TileSpec(lambda b, w, n, tile, pf, rows: q4k_rows(b, w, n, tile, pf, rows,
+                                                             level, **opts),
+                    q4k_tile_side, prep_interleave if prep == "interleave" else None)
+
+
+@registers("int_tiles", T.Q6_K)
+def _q6k_tile_spec(t, level) -> TileSpec:
+    """Activation rows as x + 128 (module docstring)."""
+    return TileSpec(lambda b, w, n, tile, pf, rows: q6k_rows(b, w, n, tile, pf, rows,
+                                                             level),
+                    None, prep_xor80)
+
+
+@registers("int_tiles", T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
+def _blk32_tile_spec(t, level) -> TileSpec:
+    """Activation rows as x + 128 for the offset forms (`_blk32_form`)."""
+    offsets = _blk32_form(level, t) in ("vnni-offset", "avx2-offset")
+    return TileSpec(lambda b, w, n, tile, pf, rows: blk32_rows(b, w, n, tile, pf, rows,
+                                                               level, t),
+                    None, prep_xor80 if offsets else None)
+
+
+def tile_spec(t, level) -> TileSpec:
+    """The TileSpec of (t, level), an x86 level among the format's `int_levels`."""
+    kernels = FORMATS[t].kernels
+    if level == isa.GENERIC or level not in kernels.int_levels:
+        raise KeyError(f"{t.name} has no tile kernels at {level}")
+    return kernels.int_tiles(t, level)

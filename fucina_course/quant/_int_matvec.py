@@ -44,11 +44,14 @@ and the lane sums as avx2 has them), its dot products written in plain vector IR
 (`_ir.dot4_portable`, `maddubs`, `madd`), compiled for the host as numba compiles its
 own code.
 
-`ROW_BUILDERS` (end of file) says which builder each (format, level) uses; _int.py
-turns them into kernels.
+Which builder each (format, level) uses is registered in the format's record
+(`FORMATS[t].kernels.int_rows`, end of file); _int.py turns them into kernels.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
 
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
@@ -57,7 +60,7 @@ from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
                   dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
                   load_f16, madd, maddubs, packssdw, prefetch, shuffle, splat, sum_pair)
-from .formats import FORMATS
+from .formats import FORMATS, registers
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
 # levels without a 4-product dot: int16 pairs (`maddubs`), then int32 (`madd`)
@@ -545,49 +548,73 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
 
 
 # --- which builder each (format, level) uses ------------------------------------------
-# (format, level) -> (row builder, options, what the row reads from the prep scratch:
-# None, "interleave" or "offsets").  Q4_K on zmm at avx512vnni, Q5_K and Q6_K on ymm:
-# the faster form of each there (docs/BENCHMARKS.md#vnni-integer-kernels).
+# Registered per format (`FORMATS[t].kernels.int_rows`): (t, level) -> RowSpec, at the
+# levels of the format's `int_levels`.  The generic level's IR kernels (matvec only)
+# are the 4- and 5-bit formats, whose builders take their dot products from `dot4` /
+# `maddubs` / `madd` (plain IR there; Q4_K / Q5_K as avx2 does them), with lane
+# offsets as on the VNNI levels for the 32-element ones.  Against the float kernels
+# over a sweep (haswell code, 2026-12-01, docs/BENCHMARKS.md#generic-ir-kernels): Q5_K
+# 3.4x, Q5_0 2.8x, Q5_1 2.5x, Q4_K 1.9x, Q4_0 and Q4_1 1.5x.  Not Q8_0: its float
+# kernel has no bits to unpack and ran at 10.8-11.5 GB/s, the IR one at 8.0-9.8
+# (unsigned + offsets, signed int16 products, or vpmaddwd's pattern); nor Q6_K (7.7
+# GB/s both).
 
-def _row_spec(t, level):
-    if t in (T.Q4_K, T.Q5_K):
-        width = 512 if (t == T.Q4_K and level == isa.AVX512VNNI) else 256
-        return (q4k_row, dict(width=width, five=t == T.Q5_K),
-                "interleave" if width == 512 else None)
-    if t == T.Q6_K:
-        return q6k_row, {}, None if level in PAIR_LEVELS else "offsets"
+
+class RowSpec(NamedTuple):
+    """How the integer matvec kernel of one format is built at one level: `builder`
+    (q4k_row, q6k_row or blk32_row) with the keyword arguments `opts`, and what it
+    reads from its prep scratch, `prep`: None, "interleave" (the activations in Q4_K's
+    nibble order, `prep_interleave`) or "offsets" (`prep_lane_offsets`)."""
+
+    builder: Callable
+    opts: dict
+    prep: str | None
+
+
+@registers("int_rows", T.Q4_K, T.Q5_K)
+def _kquant_row_spec(t, level) -> RowSpec:
+    """Q4_K on zmm at avx512vnni (activations in its nibble order), Q5_K and the other
+    levels on ymm: the faster form of each there
+    (docs/BENCHMARKS.md#vnni-integer-kernels)."""
+    width = 512 if (t == T.Q4_K and level == isa.AVX512VNNI) else 256
+    return RowSpec(q4k_row, dict(width=width, five=t == T.Q5_K),
+                   "interleave" if width == 512 else None)
+
+
+@registers("int_rows", T.Q6_K)
+def _q6k_row_spec(t, level) -> RowSpec:
+    """ymm; lane offsets at the VNNI levels, int16 pairs at avx2 (module docstring)."""
+    return RowSpec(q6k_row, {}, None if level in PAIR_LEVELS else "offsets")
+
+
+@registers("int_rows", T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
+def _blk32_row_spec(t, level) -> RowSpec:
+    """Lane offsets for the formats stored with one, except avx2 Q8_0 (its sign
+    trick)."""
     off = unsigned_offset(t)
     offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
-    return blk32_row, dict(t=t), "offsets" if offsets else None
+    return RowSpec(blk32_row, dict(t=t), "offsets" if offsets else None)
 
 
-INT_FORMATS = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
-INT_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
-ROW_BUILDERS = {(t, lv): _row_spec(t, lv) for t in INT_FORMATS for lv in INT_LEVELS}
-# The generic level's IR kernels (matvec only): the 4- and 5-bit formats, whose row
-# builders take their dot products from `dot4` / `maddubs` / `madd` (plain IR at this
-# level; Q4_K / Q5_K as avx2 does them), with lane offsets as on the VNNI levels for
-# the 32-element ones.  Against the float kernels over a sweep (haswell code,
-# 2026-12-01, docs/BENCHMARKS.md#generic-ir-kernels): Q5_K 3.4x, Q5_0 2.8x, Q5_1 2.5x,
-# Q4_K 1.9x, Q4_0 and Q4_1 1.5x.  Not Q8_0: its float kernel has no bits to unpack and
-# ran at 10.8-11.5 GB/s, the IR one at 8.0-9.8 (unsigned + offsets, signed int16
-# products, or vpmaddwd's pattern); nor Q6_K (7.7 GB/s both).
-GENERIC_FORMATS = (T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K)
-ROW_BUILDERS.update({(t, isa.GENERIC): _row_spec(t, isa.GENERIC)
-                     for t in GENERIC_FORMATS})
+def row_spec(t, level) -> RowSpec:
+    """The RowSpec of (t, level), a level among the format's `int_levels`."""
+    kernels = FORMATS[t].kernels
+    if level not in kernels.int_levels:
+        raise KeyError(f"{t.name} has no integer kernels at {level}")
+    return kernels.int_rows(t, level)
 
 
 def row_function(t, level):
     """row(b, w, x, xd, xs, s, nblk, pf) -> f32 for `define_matvec` (the builders read
     their lane offsets or permuted activations, if any, from the scratch row s)."""
-    builder, opts, _ = ROW_BUILDERS[(t, level)]
+    builder, opts, _ = row_spec(t, level)
     return lambda b, w, x, xd, xs, s, n, pf: builder(b, w, x, xd, xs, s, n, pf, level,
                                                      **opts)
 
 
 def prep_function(t, level):
     """The define_prep body the row kernel needs, or None."""
-    prep = ROW_BUILDERS[(t, level)][2]
+    prep = row_spec(t, level).prep
     if prep == "interleave":
         return prep_interleave
     if prep == "offsets":

@@ -7,7 +7,8 @@ except Q6_K, whose `(d * sc) * q` can need 25 bits; there the *order* `(d * sc) 
 (one rounding, the one ggml and gguf-py do) keeps us bit-exact, and the kernels are
 compiled without `fastmath` so LLVM may not re-associate it.
 
-One kernel per format (table `DEQUANT_KERNELS`), all with the signature
+One kernel per format (`@registers` makes it `FORMATS[t].kernels.dequantize`), all
+with the signature
 
     _dq_<fmt>(w: uint8[n_rows, row_bytes] (read-only), rows: int64[k], r0: int64,
               out: float32[k, row_len])
@@ -36,7 +37,8 @@ from gguf import GGMLQuantizationType as T
 from numba import njit
 
 from ._intrinsics import f16_to_f32
-from .formats import block_geometry, check_supported, row_bytes
+from .formats import (FORMATS, block_geometry, check_supported, registers,
+                      row_bytes)
 
 _EMPTY_ROWS = np.empty(0, dtype=np.int64)
 _BLOCKS_PER_THREAD = 1 << 16  # below this, one thread: a pool costs more than it saves
@@ -68,6 +70,7 @@ def _src(rows, r0, i):
 
 # --- 32-element blocks ----------------------------------------------------------------
 
+@registers("dequantize", T.Q8_0)
 @njit(nogil=True, cache=True)
 def _dq_q8_0(w, rows, r0, out):
     """FORMATS[Q8_0]: 34-byte blocks, d f16 | qs int8[32]."""
@@ -81,6 +84,7 @@ def _dq_q8_0(w, rows, r0, out):
                 out[i, b * 32 + j] = np.float32(np.int8(w[s, o + 2 + j])) * d
 
 
+@registers("dequantize", T.Q4_0)
 @njit(nogil=True, cache=True)
 def _dq_q4_0(w, rows, r0, out):
     """FORMATS[Q4_0]: 18-byte blocks, d f16 | qs[16]."""
@@ -96,6 +100,7 @@ def _dq_q4_0(w, rows, r0, out):
                 out[i, b * 32 + 16 + j] = np.float32(np.int32(q >> 4) - 8) * d
 
 
+@registers("dequantize", T.Q4_1)
 @njit(nogil=True, cache=True)
 def _dq_q4_1(w, rows, r0, out):
     """FORMATS[Q4_1]: 20-byte blocks, d f16 | m f16 | qs[16]."""
@@ -112,6 +117,7 @@ def _dq_q4_1(w, rows, r0, out):
                 out[i, b * 32 + 16 + j] = d * np.float32(q >> 4) + m
 
 
+@registers("dequantize", T.Q5_0)
 @njit(nogil=True, cache=True)
 def _dq_q5_0(w, rows, r0, out):
     """FORMATS[Q5_0]: 22-byte blocks, d f16 | qh u32 | qs[16]."""
@@ -131,6 +137,7 @@ def _dq_q5_0(w, rows, r0, out):
                 out[i, b * 32 + 16 + j] = np.float32(np.int32(hi) - 16) * d
 
 
+@registers("dequantize", T.Q5_1)
 @njit(nogil=True, cache=True)
 def _dq_q5_1(w, rows, r0, out):
     """FORMATS[Q5_1]: 24-byte blocks, d f16 | m f16 | qh u32 | qs[16]."""
@@ -153,6 +160,7 @@ def _dq_q5_1(w, rows, r0, out):
 
 # --- 256-element K-quant super-blocks -------------------------------------------------
 
+@registers("dequantize", T.Q4_K)
 @njit(nogil=True, cache=True)
 def _dq_q4_k(w, rows, r0, out):
     """FORMATS[Q4_K]: 144-byte blocks, d f16 | dmin f16 | scales[12] | qs[128];
@@ -178,6 +186,7 @@ def _dq_q4_k(w, rows, r0, out):
                     out[i, e + 32 + l] = d1 * np.float32(q >> 4) - dm1
 
 
+@registers("dequantize", T.Q5_K)
 @njit(nogil=True, cache=True)
 def _dq_q5_k(w, rows, r0, out):
     """FORMATS[Q5_K]: 176-byte blocks, d | dmin | scales[12] | qh[32] | qs[128];
@@ -206,6 +215,7 @@ def _dq_q5_k(w, rows, r0, out):
                     out[i, e + 32 + l] = d1 * np.float32(hi) - dm1
 
 
+@registers("dequantize", T.Q6_K)
 @njit(nogil=True, cache=True)
 def _dq_q6_k(w, rows, r0, out):
     """FORMATS[Q6_K]: 210-byte blocks, ql[128] | qh[64] | scales int8[16] | d f16;
@@ -242,6 +252,7 @@ def _dq_q6_k(w, rows, r0, out):
 
 # --- plain floats (for matmul's tiles and the row gather) -----------------------------
 
+@registers("dequantize", T.F16)
 @njit(nogil=True, cache=True)
 def _dq_f16(w, rows, r0, out):
     n = w.shape[1] // 2
@@ -252,6 +263,7 @@ def _dq_f16(w, rows, r0, out):
                                    | (np.uint16(w[s, 2 * j + 1]) << np.uint16(8)))
 
 
+@registers("dequantize", T.BF16)
 @njit(nogil=True, cache=True)
 def _dq_bf16(w, rows, r0, out):
     n = w.shape[1] // 2
@@ -263,6 +275,7 @@ def _dq_bf16(w, rows, r0, out):
                         | (np.uint32(w[s, 2 * j + 1]) << 24))
 
 
+@registers("dequantize", T.F32)
 @njit(nogil=True, cache=True)
 def _dq_f32(w, rows, r0, out):
     n = w.shape[1] // 4
@@ -273,14 +286,6 @@ def _dq_f32(w, rows, r0, out):
             ou[i, j] = (np.uint32(w[s, 4 * j]) | (np.uint32(w[s, 4 * j + 1]) << 8)
                         | (np.uint32(w[s, 4 * j + 2]) << 16)
                         | (np.uint32(w[s, 4 * j + 3]) << 24))
-
-
-DEQUANT_KERNELS = {
-    T.F32: _dq_f32, T.F16: _dq_f16, T.BF16: _dq_bf16,
-    T.Q8_0: _dq_q8_0, T.Q4_0: _dq_q4_0, T.Q4_1: _dq_q4_1, T.Q5_0: _dq_q5_0,
-    T.Q5_1: _dq_q5_1,
-    T.Q4_K: _dq_q4_k, T.Q5_K: _dq_q5_k, T.Q6_K: _dq_q6_k,
-}
 
 
 def as_readonly_u8(raw: np.ndarray) -> np.ndarray:
@@ -303,7 +308,7 @@ def dequantize_into(w2d: np.ndarray, ggml_type, r0: int, rows: np.ndarray | None
 
     Source rows are `rows` if given, else `r0 .. r0 + k`.  No checks: callers validate.
     """
-    kernel = DEQUANT_KERNELS[T(int(ggml_type))]
+    kernel = FORMATS[T(int(ggml_type))].kernels.dequantize
     kernel(w2d, _EMPTY_ROWS if rows is None else rows, r0, out)
     return out
 
@@ -341,7 +346,7 @@ def dequantize(raw: np.ndarray, ggml_type, n_elements: int) -> np.ndarray:
     out = np.empty(n_elements, dtype=np.float32)
     blocks = a.reshape(-1, bpb)           # [n_blocks, block bytes]: one block per "row"
     out2 = out.reshape(-1, qk)                  # [n_blocks, qk]
-    kernel = DEQUANT_KERNELS[t]
+    kernel = FORMATS[t].kernels.dequantize
     n_threads = max(1, blocks.shape[0] // _BLOCKS_PER_THREAD)
     n_threads = min(numba.get_num_threads(), n_threads)
     if n_threads <= 1:
@@ -378,5 +383,5 @@ def dequantize_rows(raw: np.ndarray, ggml_type, row_len: int, rows) -> np.ndarra
     idx = np.where(idx < 0, idx + n_rows, idx)
     out = np.empty((idx.size, row_len), dtype=np.float32)  # [len(rows), row_len]
     if idx.size:
-        DEQUANT_KERNELS[t](w2d, idx, 0, out)
+        FORMATS[t].kernels.dequantize(w2d, idx, 0, out)
     return out

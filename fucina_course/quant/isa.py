@@ -15,8 +15,8 @@ the avx2 kernels are compiled for a CPU that has no AVX-512, so LLVM cannot emit
 register, an EVEX encoding or a mask register in them, even on a machine that has all
 three (tests/test_quant.py reads their assembly to be sure).  "generic" is portable
 code compiled for whatever CPU numba compiles for: the 4- and 5-bit formats (Q4_0,
-Q5_0, Q4_1, Q5_1, Q4_K, Q5_K; `_int_matvec.GENERIC_FORMATS`) as the same IR kernels,
-their dot products written in plain LLVM vector operations (`_ir.dot4_portable`,
+Q5_0, Q4_1, Q5_1, Q4_K, Q5_K: their records' `kernels.int_levels`) as the same IR
+kernels, their dot products written in plain LLVM vector operations (`_ir.dot4_portable`,
 `maddubs`, `madd`: int16 products, int32 sums; no target intrinsic, so LLVM picks the
 host's instructions, NEON on ARM), where LLVM converts f16 natively (`GENERIC_IR`);
 every other format, and those on a CPU without, as the float kernels of matvec.py.
@@ -28,8 +28,9 @@ best one below it, with a warning); FUCINA_NO_VNNI=1 is the older spelling of "n
 instruction", i.e. avx2 where the CPU has it.  `level` may be reassigned at run time
 (tests, benchmarks); a level outside `USABLE` dispatches the generic kernels, never an
 instruction the CPU lacks.  The dispatch tables (matvec.KERNELS, matmul.KERNELS) are
-keyed by (format, level): a new level is a name and its features here, then its kernels
-and table entries there.
+keyed by (format, level) and built from the formats' records: a new level is a name and
+its features here, its kernels (_ir.py, _int_matvec.py, _int_matmul.py), and its name
+in the records of the formats that have them (formats.py: `int_levels`, `blas_from`).
 """
 
 from __future__ import annotations

@@ -84,23 +84,16 @@ def openblas_workers_spin(env=os.environ) -> bool:
 # "auto": BLAS from this many rows on, for formats without multi-row kernels.  From the
 # float kernels: blas Q4_K at m = 16 / 64 / 256 ran 46 / 126 / 222 GFLOP/s, gemv ~40.
 PREFILL_MIN_ROWS = 16
-# "auto": BLAS from this many rows on, for formats with multi-row kernels, per level.
-# While OpenBLAS's workers spin, the model-level crossover is ~64 prompt tokens (Q4_K
-# pp64: rows 100-110 vs blas 104-115 tok/s); without the spin, the kernels' own
-# crossover (docs/BENCHMARKS.md#prefill-paths, #instruction-set-levels): on avx2 the
-# 32-element formats' tiles (~45-52 GFLOP/s per core, indicative) fall behind an AVX2
-# sgemm (~58-65 at m = 256) from ~128 rows, the K-quants' (~80-90) not below 512.
-# avxvnni: avx2's, until measured.  `ROWS_BLAS_MIN_ROWS` is the best level's table.
-_INT = (T.Q4_K, T.Q5_K, T.Q6_K, T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
-_KQ = (T.Q4_K, T.Q5_K, T.Q6_K)
-if openblas_workers_spin():
-    ROWS_BLAS_MIN_ROWS_BY_LEVEL = {lv: {t: 64 for t in _INT} for lv in isa.LEVELS}
-else:
-    _vnni = {T.Q4_K: 512, T.Q5_K: 512, T.Q6_K: 512, T.Q8_0: 256, T.Q4_0: 512,
-             T.Q5_0: 256, T.Q4_1: 256, T.Q5_1: 256}
-    _avx2 = {t: 512 if t in _KQ else 128 for t in _INT}
-    ROWS_BLAS_MIN_ROWS_BY_LEVEL = {isa.AVX512VNNI: _vnni, isa.AVXVNNI: _avx2,
-                                   isa.AVX2: _avx2, isa.GENERIC: _avx2}
+# "auto": BLAS from this many rows on, for formats with multi-row kernels: level ->
+# {format: rows} (generic: none, it has no tiles).  While OpenBLAS's workers spin, the
+# model-level crossover is ~64 prompt tokens for all (Q4_K pp64: rows 100-110 vs blas
+# 104-115 tok/s); without the spin, the kernels' own crossovers, each format's
+# `kernels.blas_from` (formats.py).  `ROWS_BLAS_MIN_ROWS` is the best level's table.
+_SPIN = openblas_workers_spin()
+ROWS_BLAS_MIN_ROWS_BY_LEVEL = {
+    lv: {t: 64 if _SPIN else f.kernels.blas_from[lv] for t, f in FORMATS.items()
+         if lv in f.kernels.blas_from}
+    for lv in isa.LEVELS}
 ROWS_BLAS_MIN_ROWS = ROWS_BLAS_MIN_ROWS_BY_LEVEL[isa.BEST]
 
 
@@ -258,8 +251,7 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
         lv, k = kernel_for(t, level)
         mv = k.describe() if isinstance(k, IntKernels) else "float32 lanes (numba)"
         if (t, lv) in KERNELS:
-            n = (ROWS_BLAS_MIN_ROWS if lv == isa.BEST
-                 else ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv])[t]
+            n = ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv][t]
             mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
         else:
             mm = f"matvec per row < {PREFILL_MIN_ROWS} rows, BLAS above"

@@ -31,11 +31,13 @@ Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 
 Float kernel shape: `prange` over chunks of ROWS output rows; per row one 32-lane
 float32 accumulator to which every block adds `scale * (float(q_w) * q_x)` lane-wise,
-summed once per row (an int32 sum per block with a horizontal reduction streamed Q8_0 at
-3.5 GB/s, this at 9.0 in an early test: DESIGN.md).  The lane
-loops are unit-stride loops over the block's bytes, which LLVM turns into
-`vpmovzxbd / vcvtdq2ps / vfmadd231ps`.  Each block issues a software prefetch PREFETCH
-bytes ahead: sweep 7.5 -> 16 GB/s (measured 2026-11-29, docs/BENCHMARKS.md#prefetch).
+summed once per row.  An int32 sum per block with a horizontal reduction streamed Q8_0
+at 3.5 GB/s, this form at 9.0 (the first test of both, 300k x 1024 weights, int8
+activations, 2 threads, Sapphire Rapids, 2026-11-29; what was measured on it since:
+docs/BENCHMARKS.md#prefetch, #float-kernels).  The lane loops are unit-stride loops
+over the block's bytes, which LLVM turns into `vpmovzxbd / vcvtdq2ps / vfmadd231ps`.
+Each block issues a software prefetch PREFETCH bytes ahead: sweep 7.5 -> 16 GB/s
+(measured 2026-11-29, docs/BENCHMARKS.md#prefetch).
 Indexing is 2-D, `w[r, o + j]`: a flat `w[r * row_bytes + ...]` index that LLVM cannot
 prove non-negative turns every load into a gather (numba wraps negative indices).
 
@@ -67,9 +69,9 @@ from numba import njit, prange  # noqa: E402
 
 from . import isa  # noqa: E402
 from ._int import NO_FLOATS, IntKernels, run  # noqa: E402
-from ._int_matvec import GENERIC_FORMATS, INT_FORMATS  # noqa: E402
 from ._intrinsics import f16_to_f32, prefetch, u32_as_f32  # noqa: E402
 from .activations import quantize_activations  # noqa: E402
+from .formats import FORMATS, registers  # noqa: E402
 from .matrix import MultiMatrix  # noqa: E402
 
 ROWS = 16          # output rows per parallel chunk
@@ -132,6 +134,7 @@ def _scale_min_k4(w, r, o, j):
 
 # --- Q8_0-activation formats ----------------------------------------------------------
 
+@registers("float_matvec", T.Q8_0)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q8_0(w, wf, xq, xd, xs, y):
     """FORMATS[Q8_0]: 34-byte blocks, d f16 | qs int8[32]."""
@@ -152,6 +155,7 @@ def _mv_q8_0(w, wf, xq, xd, xs, y):
             y[r] = _lane_sum(acc)
 
 
+@registers("float_matvec", T.Q4_0)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q4_0(w, wf, xq, xd, xs, y):
     """FORMATS[Q4_0]: 18-byte blocks, d f16 | qs[16] (low nibbles 0..15, high 16..)."""
@@ -175,6 +179,7 @@ def _mv_q4_0(w, wf, xq, xd, xs, y):
             y[r] = _lane_sum(acc)
 
 
+@registers("float_matvec", T.Q5_0)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q5_0(w, wf, xq, xd, xs, y):
     """FORMATS[Q5_0]: 22-byte blocks, d f16 | qh u32 (5th bits) | qs[16]."""
@@ -202,6 +207,7 @@ def _mv_q5_0(w, wf, xq, xd, xs, y):
 
 # --- Q8_1-activation formats (weights with a per-block minimum) -----------------------
 
+@registers("float_matvec", T.Q4_1)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q4_1(w, wf, xq, xd, xs, y):
     """FORMATS[Q4_1]: 20-byte blocks, d f16 | m f16 | qs[16]; xs = f16(d_x sum q_x)."""
@@ -226,6 +232,7 @@ def _mv_q4_1(w, wf, xq, xd, xs, y):
             y[r] = _lane_sum(acc) + mins
 
 
+@registers("float_matvec", T.Q5_1)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q5_1(w, wf, xq, xd, xs, y):
     """FORMATS[Q5_1]: 24-byte blocks, d f16 | m f16 | qh u32 | qs[16]."""
@@ -255,6 +262,7 @@ def _mv_q5_1(w, wf, xq, xd, xs, y):
 
 # --- Q8_K-activation formats (256-element super-blocks) -------------------------------
 
+@registers("float_matvec", T.Q4_K, float_q16=True)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q4_k(w, wf, x16, xd, xs, y):
     """FORMATS[Q4_K]: 144-byte blocks, d | dmin | scales[12] | qs[128]; xs = bsum32;
@@ -300,6 +308,7 @@ def _mv_q4_k(w, wf, x16, xd, xs, y):
             y[r] = acc - accm
 
 
+@registers("float_matvec", T.Q5_K)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q5_k(w, wf, xq, xd, xs, y):
     """FORMATS[Q5_K]: 176-byte blocks, d | dmin | scales[12] | qh[32] | qs[128]."""
@@ -340,6 +349,7 @@ def _mv_q5_k(w, wf, xq, xd, xs, y):
             y[r] = _lane_sum(acc) - mins
 
 
+@registers("float_matvec", T.Q6_K)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_q6_k(w, wf, xq, xd, xs, y):
     """FORMATS[Q6_K]: 210-byte blocks, ql[128] | qh[64] | scales int8[16] | d f16."""
@@ -390,6 +400,7 @@ def _mv_q6_k(w, wf, xq, xd, xs, y):
 
 # --- float weights --------------------------------------------------------------------
 
+@registers("float_matvec", T.F16)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_f16(w16, wf, x, y):
     """w16 uint16[n_out, n_in] (IEEE halves); x already rounded to f16 as ggml does."""
@@ -415,6 +426,7 @@ def _bf16(u16):
     return u32_as_f32(np.uint32(u16) << np.uint32(16))
 
 
+@registers("float_matvec", T.BF16)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_bf16(w16, wf, x, y):
     """w16 uint16[n_out, n_in] (bfloat16 bits); x already rounded to bf16."""
@@ -435,6 +447,7 @@ def _mv_bf16(w16, wf, x, y):
             y[r] = t
 
 
+@registers("float_matvec", T.F32)
 @njit(parallel=True, fastmath=_FM, cache=True)
 def _mv_f32(w32, wf, x, y):
     """w32 f32[n_out, n_in]."""
@@ -458,30 +471,25 @@ def _mv_f32(w32, wf, x, y):
 
 # --- dispatch -------------------------------------------------------------------------
 
-# format -> its float kernel above: every format has one; the generic level runs them
-# except where it has IR kernels (below).  Tests run each against the reference.
-FLOAT_KERNELS = {
-    T.Q8_0: _mv_q8_0, T.Q4_0: _mv_q4_0, T.Q5_0: _mv_q5_0, T.Q4_1: _mv_q4_1,
-    T.Q5_1: _mv_q5_1, T.Q4_K: _mv_q4_k, T.Q5_K: _mv_q5_k, T.Q6_K: _mv_q6_k,
-    T.F16: _mv_f16, T.BF16: _mv_bf16, T.F32: _mv_f32,
-}
-# (format, instruction-set level) -> kernel: an `IntKernels` (compiled on first use)
-# for each quantized format at each integer level; at the generic level the portable
-# IR kernels of _int_matvec.GENERIC_FORMATS where LLVM converts f16 natively
-# (isa.GENERIC_IR; Q5_0 2.8x the float kernel over a sweep, haswell code,
+# format -> its float kernel above (registered in its record): every format has one;
+# the generic level runs them except where it has IR kernels (below).  Tests run each
+# against the reference.
+FLOAT_KERNELS = {t: f.kernels.float_matvec for t, f in FORMATS.items()}
+# (format, instruction-set level) -> kernel, from the records' `int_levels`: an
+# `IntKernels` (compiled on first use) for each quantized format at each of its integer
+# levels; at the generic level its portable IR kernels where LLVM converts f16
+# natively (isa.GENERIC_IR; Q5_0 2.8x the float kernel over a sweep, haswell code,
 # docs/BENCHMARKS.md#generic-ir-kernels), else the float kernels.  `fucina info
 # --kernels` prints it.
 KERNELS = {(t, isa.GENERIC): k for t, k in FLOAT_KERNELS.items()}
-if isa.GENERIC_IR:
-    KERNELS.update({(t, isa.GENERIC): IntKernels(t, isa.GENERIC)
-                    for t in GENERIC_FORMATS})
-KERNELS.update({(t, lv): IntKernels(t, lv) for t in INT_FORMATS
-                for lv in (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)})
+KERNELS.update({(t, lv): IntKernels(t, lv) for t, f in FORMATS.items()
+                for lv in f.kernels.int_levels if lv != isa.GENERIC or isa.GENERIC_IR})
 # What may be dispatched: only the levels this CPU runs (isa.USABLE), so no illegal
 # instruction ever is.  Keyed by (int, str): an Enum's __hash__ is a Python-level call,
 # ~0.1 us per matvec.
 _BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
-_X16 = {int(T.Q4_K)}    # generic kernels that take the quants as int16 (`q16`)
+# float kernels that take the quants as int16 (`q16`)
+_X16 = {int(t) for t, f in FORMATS.items() if f.kernels.float_q16}
 
 
 def kernel_for(ggml_type, level: str | None = None):
