@@ -3,8 +3,8 @@
 numba compiles Python loops to LLVM IR, and LLVM does not turn them into the byte dot
 products (`vpdpbusd`, `vpmaddubsw`) that make ggml fast.  So the integer kernels are
 written here directly in LLVM IR with llvmlite's builder, as plain functions that
-_jit.py compiles for one instruction-set level and numba's parallel drivers (_drive.py)
-call through their addresses.  Two kinds per format and level:
+_jit.py compiles for one instruction-set level and numba's parallel driver (_int.run)
+calls through their addresses.  Two kinds per format and level:
 
 * `define_matvec`: rows r0 .. r1 of a weight matrix . one activation vector (`matvec`),
   one row builder call per row (_int_matvec.py);
@@ -323,7 +323,7 @@ def block_at(builder, w, i, bpb, pf, lines):
 
 
 # --- the functions a level's kernels are made of --------------------------------------
-# Kernel ABI (all pointers i8*, all integers i64; the drivers in _drive.py call these):
+# Kernel ABI (all pointers i8*, all integers i64; _int.run calls these):
 #   prep(x, n, s)         activations x (n int8) -> the scratch row s
 #   matvec(w, r0, r1, col, rb, x, xd, xs, s, y)
 #                         y[col + r] (f32) for the weight rows r0 .. r1 - 1 at w (rb

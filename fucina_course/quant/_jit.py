@@ -2,7 +2,7 @@
 
 The integer kernels are LLVM IR built with llvmlite (_int_matvec.py, _int_matmul.py).
 This module turns one format's IR into machine code for one level (isa.py) and hands
-back the addresses of its functions, which numba's parallel drivers (_drive.py) call.
+back the addresses of its functions, which numba's parallel driver (_int.run) calls.
 
 Why not let numba compile them, as it does the rest of the engine:
 
