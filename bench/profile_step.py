@@ -3,14 +3,14 @@
     python bench/profile_step.py MODEL [--threads 2] [--prefill 256] [--context 64]
 
 MODEL as for bench_vs_llama.py (a path, a named model, or synth:qwen3-0.6b:FMT).  Decode is
-measured at position `--context` (a short conversation), averaged over 32 steps after a warm-up,
-first as `forward_step` runs it (decode.py's schedule), then stage by stage through model.py's
-path (`Model.profile` asks for it: the decoder has no stages); prefill is one `--prefill`-token
-step into a fresh cache.  Stages are what `Model._stage` wraps:
-"embedding", "attention" (the whole attention block: norm, q/k/v, RoPE, KV append, attention,
-output projection), "ffn" (norm, gate/up, SwiGLU, down) and "lm_head" (final norm + output).  The weight bytes read per
-decode step and the implied GB/s are printed next to the machine's measured ceiling
-(bench/bench_roofline.py).
+measured at position `--context` (a short conversation), averaged over 32 steps after a
+warm-up, first as `forward_step` runs it, then stage by stage (`Model.profile` times each
+block: the difference is what the timers cost); prefill is one `--prefill`-token step into a
+fresh cache.  Stages are what `Model._timed` wraps: "embedding", "attention" (the whole
+attention block: norm, q/k/v, RoPE, KV append, attention, output projection), "ffn" (norm,
+gate/up, SwiGLU, down) and "lm_head" (final norm + output).  The weight bytes read per
+decode step and the implied GB/s are printed (compare bench/bench_roofline.py's ceiling).
+bench/ab_decode.py compares the decode speed of two commits.
 """
 
 from __future__ import annotations
@@ -49,15 +49,14 @@ def main() -> None:
         cache.truncate(args.context)
         return (time.perf_counter() - t) / steps
 
-    fast = decode_seconds()            # decode.py's schedule, as `fucina bench` runs it
-    model.profile = {}                 # model.py's path, stage by stage
+    fast = decode_seconds()            # as `fucina bench` runs it
+    model.profile = {}                 # stage by stage
     per_step = decode_seconds()
     weights = sum(p.nbytes for layer in model.layers for p in (*layer.qkv.parts, layer.attn_out)) \
         + sum(layer.ffn.nbytes_per_token for layer in model.layers) + model.output.nbytes
     print(f"decode at position ~{args.context}: {fast * 1e3:.1f} ms/token ({1 / fast:.1f} tok/s), "
           f"{weights / 2**20:.0f} MiB of weights read per token = {weights / fast / 1e9:.1f} GB/s")
-    print(f"the same step through model.py's stages (Model.profile): {per_step * 1e3:.1f} ms, "
-          f"{(per_step - fast) / len(model.layers) * 1e6:.0f} us a layer more (decode.py)")
+    print(f"the same step timed stage by stage (Model.profile): {per_step * 1e3:.1f} ms")
     for stage, secs in sorted(model.profile.items(), key=lambda kv: -kv[1]):
         print(f"  {stage:>15}: {secs / steps * 1e3:6.2f} ms  ({secs / steps / per_step:5.1%})")
 

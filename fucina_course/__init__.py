@@ -4,7 +4,8 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
 
     errors.py        FucinaError and its subclasses: every failure a user can cause
     gguf_file.py     open a GGUF: memory-mapped tensors, typed and checked metadata
-    families.py      one record per architecture (qwen3, qwen2, ...): its switches
+    families.py      one record per architecture (qwen3, qwen2, ...): its RoPE style
+                     and the table of its tensors (names, shapes, roles)
     config.py        Config.from_gguf: the handful of integers that define a model
     tokenizer.py     byte-level BPE from the GGUF's vocabulary and merges; StreamDecoder
     pretokenizer.py  where BPE chunks may end (qwen2, llama3, gpt2, smollm rules)
@@ -13,10 +14,12 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     quant/           GGUF block formats: records (formats.py), dequantization, and the
                      matrix x vector (matvec.py) / matrix x matrix (matmul.py) kernels
     weights.py       LinearWeight / FusedLinear: a mapped matrix in its block format
-    ops.py           RMSNorm, RoPE, SwiGLU
+    ops.py           RMSNorm, RoPE (and its table of angles), SwiGLU
     attention.py     grouped-query causal attention: prefill and decode kernels
     kv_cache.py      KvCache: past K/V (f16 or q8_0); append, advance, truncate
+    ffn.py           DenseFfn: the SwiGLU feed-forward network (also each MoE expert)
     moe.py           mixture of experts: router top-k, routed SwiGLU experts (qwen3moe)
+    workspace.py     the buffers a forward step writes into, made once
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat_template.py a model file's Jinja template, rendered in a bounded sandbox
@@ -32,8 +35,10 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     cli.py           the `fucina` command: subcommands and flags (from tables)
     commands.py      what each `fucina` subcommand does
 
-To add a model family: a record in families.py (and an op in ops.py if it needs a new
-one).  A block format: a record in quant/formats.py plus its kernels, entered in the
+To add a model family: a record in families.py, its tensor table built from the
+tables there or its own (loading, validation and the synthetic writer follow it;
+tests/test_families.py adds a toy one), and an op in ops.py only if it computes
+something new (then its one caller in model.py's blocks).  A block format: a record in quant/formats.py plus its kernels, entered in the
 (format, level) tables of quant/matvec.py and quant/matmul.py.  An instruction set:
 a name and its CPU features in quant/isa.py, then kernels and table entries.  A sampling
 stage: a function in sampler.py and its place in `Sampler`'s fixed pipeline.

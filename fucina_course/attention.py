@@ -62,23 +62,26 @@ class Segment:
 
 
 def attend(q, k, v, segments: list[Segment], layer: int, scale: float,
-           per_row: bool = False) -> np.ndarray:
-    """The attention of one layer for a whole step: `[n, n_heads * head_dim]`.
+           per_row: bool = False, out: np.ndarray | None = None) -> np.ndarray:
+    """The attention of one layer for a whole step: `[n, n_heads * head_dim]` (into
+    `out`, C-contiguous, if given).
 
     q `[n, n_heads, d]`, k and v `[n, n_kv, d]` are the step's new rows (k after RoPE).
     Each segment appends its rows to its cache (no advance: see kv_cache.py), then its
     queries attend over everything the cache holds for that sequence.
     """
     n, n_heads, d = q.shape
-    out = np.empty((n, n_heads * d), dtype=np.float32)                     # [n, H*D]
+    if out is None:
+        out = np.empty((n, n_heads * d), dtype=np.float32)                 # [n, H*D]
     for s in segments:
         rows = s.stop - s.start
         s.cache.append_layer(layer, k[s.rows], v[s.rows])
         if rows == 1 or per_row:  # one query per kernel call, the cache read in place
             view = s.cache.layer_view(layer, s.pos0 + rows)
             for i in range(rows):
-                seen = view._replace(length=s.pos0 + i + 1)                # keys 0..pos
-                out[s.start + i] = decode_attention(q[s.start + i], seen, scale)
+                seen = view if rows == 1 else view._replace(length=s.pos0 + i + 1)
+                row = s.start + i                                          # keys 0..pos
+                decode_attention(q[row], seen, scale, out[row].reshape(n_heads, d))
         else:  # all queries at once
             keys, values = s.cache.read(layer, s.pos0 + rows)      # [seen, KVH, D]
             out[s.rows] = causal_attention(q[s.rows], keys, values, s.pos0, scale)
@@ -113,8 +116,8 @@ def decode_attention(q: np.ndarray, view: KvView, scale: float,
 
     The arithmetic of `causal_attention` (same roundings; only the summation order
     differs), in one numba kernel that reads the f16 or q8_0 cache in place.  `out`, a
-    C-contiguous float32 `[n_heads, d]` buffer, receives the result if given
-    (decode.py's).
+    C-contiguous float32 `[n_heads, d]` buffer, receives the result if given (a row of
+    `attend`'s output).
     """
     q = np.ascontiguousarray(q, dtype=np.float32)
     if out is None:

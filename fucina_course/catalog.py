@@ -235,7 +235,8 @@ def load_model(model: str | os.PathLike | None = None, *, threads: int | None = 
     file, for the API and for every command of the CLI."""
     from .model import Model
 
-    return Model.load(resolve(model), threads=threads, expert_top_p=expert_top_p)
+    return Model.load(resolve(model), threads=threads, expert_top_p=expert_top_p,
+                      tokenizer_cache=cache_dir())
 
 
 def list_cached() -> list[tuple[str, Path | None, NamedModel]]:

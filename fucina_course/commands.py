@@ -76,7 +76,7 @@ def cmd_info(args) -> int:
                    f"{total / 2**20:,.1f} MiB")
         for name, (count, nbytes) in g.format_summary().items():
             out.append(f"  {name:>5}: {count:4d} tensors {nbytes / 2**20:10,.1f} MiB")
-        tied = "yes" if "output.weight" not in g.tensors else "no"
+        tied = "yes" if cfg.family.tensor("lm_head").name not in g.tensors else "no"
         out.append(f"  tied embeddings: {tied}")
         if cfg.num_experts:
             out.append(_moe_summary(g, cfg, params))
@@ -97,7 +97,8 @@ def cmd_info(args) -> int:
 
 def _moe_summary(g, cfg, params: int) -> str:
     """Experts per token, and the parameters one token actually runs through."""
-    stacks = [t for t in g.tensors.values() if t.name.endswith("_exps.weight")]
+    stacked = {t.name for t in cfg.family.layer if len(t.dims) == 3}   # the experts
+    stacks = [t for t in g.tensors.values() if t.name.split(".", 2)[-1] in stacked]
     idle = sum(t.n_elements for t in stacks) * (1 - cfg.num_experts_used
                                                 / cfg.num_experts)
     active = params - idle

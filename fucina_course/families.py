@@ -93,11 +93,15 @@ class Family:
     def has(self, role: str) -> bool:
         return any(t.role == role for t in self.layer)
 
+    def tensor(self, role: str) -> TensorSpec:
+        """The table's entry for `role` (a layer's or the model's)."""
+        return next(t for t in self.model + self.layer if t.role == role)
+
     @property
     def embedding(self) -> TensorSpec:
         """The token embedding table (`[vocab, hidden]`: its rows count the vocabulary
         when the metadata does not)."""
-        return next(t for t in self.model if t.role == "embedding")
+        return self.tensor("embedding")
 
     @property
     def qk_norm(self) -> bool:

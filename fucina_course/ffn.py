@@ -24,9 +24,15 @@ class DenseFfn:
         """From a layer's weights by role (weights.WeightReader.layer)."""
         return cls(FusedLinear([w["w_gate"], w["w_up"]]), w["w_down"])
 
-    def __call__(self, h: np.ndarray, path: str = "auto") -> np.ndarray:
-        gate, up = self.gate_up(h, path)                        # [n, ffn] each
-        return self.down(swiglu(gate, up), path)                # [n, hidden]
+    def __call__(self, h: np.ndarray, path: str = "auto", ws=None) -> np.ndarray:
+        """h `[n, hidden]` -> `[n, hidden]`; with `ws` (a step's workspace, model.py)
+        every intermediate goes into its buffers instead of new arrays."""
+        if ws is None:
+            gate, up = self.gate_up(h, path)                    # [n, ffn] each
+            return self.down(swiglu(gate, up), path)            # [n, hidden]
+        gate, up = self.gate_up(h, path, out=ws.gate_up)        # [n, ffn] each
+        act = swiglu(gate, up, out=ws.act)                      # silu(gate) * up
+        return self.down(act, path, out=ws.down)                # [n, hidden]
 
     @property
     def nbytes_per_token(self) -> int:

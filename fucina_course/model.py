@@ -14,8 +14,12 @@ token (`moe.MoeFfn`, qwen3moe).  Both are called the same way, so `ffn_block` do
 know which it runs.
 
 Nothing connects the layers except the residual stream `x` `[seq, hidden]`: each block
-reads it through a norm and adds its contribution back.  Which switches apply is the
-family's record (families.py).
+reads it through a norm and adds its contribution back.  Which tensors a layer has (so
+which steps run: q/k norms, biases, experts) is the family's table (families.py).
+
+The blocks write every intermediate into a workspace of buffers made once
+(workspace.py), for a prompt as for a single decoded token: there is one forward pass,
+and decode pays no allocation between its kernels (chapter 07 measures the saving).
 
 One forward function serves every entry point; they differ in which rows they feed,
 which KV caches they read and write, and which logits they return:
@@ -46,6 +50,7 @@ block to show it.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +59,15 @@ import numpy as np
 
 from .attention import Segment, attend
 from .config import Config
-from .decode import Decoder
 from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
 from .ffn import DenseFfn
 from .moe import MoeFfn, check_top_p, load_moe_ffn
-from .ops import apply_rope, rms_norm, rope_angles
+from .ops import RopeTable, apply_rope, rms_norm
 from . import validate
 from .weights import FusedLinear, LinearWeight, WeightReader
+from .workspace import NO_WORKSPACE, Workspace
 
 
 @dataclass
@@ -86,33 +91,40 @@ class Step:
     cos: np.ndarray              # [n, D/2] RoPE angles of each row's position
     sin: np.ndarray              # [n, D/2]
     per_row: bool = False        # compute each row exactly as a decode step would
+    workspace: Workspace | None = None   # buffers for the step's rows (workspace.py)
 
     @property
     def path(self) -> str:
         """How a matrix meets several rows: as decode would, or the fastest way."""
         return "rows" if self.per_row else "auto"
 
+    def buffers(self, n: int):
+        """Where an n-row block writes its intermediates (none: new arrays)."""
+        return NO_WORKSPACE if self.workspace is None else self.workspace.view(n)
+
 
 def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
     """x `[n, hidden]` -> the attention block's contribution `[n, hidden]`."""
     n, H, KVH, D = len(x), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    h = rms_norm(x, layer.attn_norm, cfg.rms_norm_eps)          # [n, hidden]
-    q, k, v = layer.qkv(h, step.path)                           # [n, H*D], [n, KVH*D]
+    ws, eps = step.buffers(n), cfg.rms_norm_eps
+    h = rms_norm(x, layer.attn_norm, eps, out=ws.h)             # [n, hidden]
+    q, k, v = layer.qkv(h, step.path, out=ws.qkv)               # [n, H*D], [n, KVH*D]
     q, k, v = q.reshape(n, H, D), k.reshape(n, KVH, D), v.reshape(n, KVH, D)
     if layer.q_norm is not None:                                # per head
-        q = rms_norm(q, layer.q_norm, cfg.rms_norm_eps)         # [n, H, D]
-        k = rms_norm(k, layer.k_norm, cfg.rms_norm_eps)         # [n, KVH, D]
-    q = apply_rope(q, step.cos, step.sin, cfg.rope_style)       # (values: no RoPE)
-    k = apply_rope(k, step.cos, step.sin, cfg.rope_style)
+        q = rms_norm(q, layer.q_norm, eps, out=ws.q_normed)     # [n, H, D]
+        k = rms_norm(k, layer.k_norm, eps, out=ws.k_normed)     # [n, KVH, D]
+    q = apply_rope(q, step.cos, step.sin, cfg.rope_style, out=ws.q_rot)  # (v: no RoPE)
+    k = apply_rope(k, step.cos, step.sin, cfg.rope_style, out=ws.k_rot)
     scale = 1.0 / np.sqrt(D)
-    out = attend(q, k, v, step.segments, index, scale, step.per_row)  # [n, H*D]
-    return layer.attn_out(out, step.path)                       # [n, hidden]
+    out = attend(q, k, v, step.segments, index, scale, step.per_row, out=ws.att)
+    return layer.attn_out(out, step.path, out=ws.o)             # [n, hidden]
 
 
 def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
     """x `[n, hidden]` -> the feed-forward block's contribution `[n, hidden]`."""
-    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps)           # [n, hidden]
-    return layer.ffn(h, step.path)                              # dense or experts
+    ws = step.buffers(len(x))
+    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps, out=ws.h)  # [n, hidden]
+    return layer.ffn(h, step.path, ws)                          # dense or experts
 
 
 def load_layer(w: WeightReader, i: int, expert_top_p: float = 1.0) -> Layer:
@@ -129,6 +141,8 @@ def load_layer(w: WeightReader, i: int, expert_top_p: float = 1.0) -> Layer:
 
 
 class Model:
+    KEEP_ROWS = 64   # steps up to this many rows reuse their thread's workspace
+
     def __init__(self, gguf: GGUFFile, config: Config, tokenizer,
                  embedding: LinearWeight, layers: list[Layer], output_norm: np.ndarray,
                  output: LinearWeight):
@@ -139,20 +153,24 @@ class Model:
         self.output = output            # lm_head [vocab, hidden] (maybe the embedding)
         self.profile: dict[str, float] | None = None
         self.check_numerics = False     # check each layer's output: name the first bad
-        self.fast_decode = True         # one-token steps through decode.Decoder
-        self._decode = None             # the Decoder, made by the first decode step
+        self.rope = RopeTable(config.head_dim, config.rope_theta)  # angles by position
+        self.reuse_buffers = True       # False: every op allocates (the reference)
+        self._local = threading.local()  # this thread's workspace (workspace.py)
 
     # --- loading ----------------------------------------------------------------------
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, threads: int | None = None,
-             expert_top_p: float = 1.0, tokenizer: bool = True) -> "Model":
+             expert_top_p: float = 1.0, tokenizer: bool = True,
+             tokenizer_cache: str | os.PathLike | None = None) -> "Model":
         """Open a GGUF file, read its config and tokenizer, map its weights.
 
         A model *name* ("qwen2.5-coder-0.5b") becomes a path in `catalog.load_model`.
         `expert_top_p` (MoE only; see moe.py): below 1, drop low-weight experts.
         `tokenizer=False` skips building the tokenizer (a forward pass on ids does not
-        need it: first_start.py's helper)."""
+        need it: startup.py's helper).  `tokenizer_cache`: a directory where the tokenizer's
+        built tables are kept between runs (tokenizer_cache.py; `catalog.load_model`
+        passes the cache directory), else they are built each time."""
         from .tokenizer import Tokenizer
 
         check_top_p(expert_top_p)
@@ -161,7 +179,8 @@ class Model:
         gguf = GGUFFile(path)
         cfg = Config.from_gguf(gguf)
         has_vocab = tokenizer and gguf.has("tokenizer.ggml.tokens")
-        vocab = Tokenizer.from_gguf(gguf) if has_vocab else None
+        vocab = (Tokenizer.from_gguf(gguf, cache_dir=tokenizer_cache) if has_vocab
+                 else None)
         validate.check_model_file(gguf, cfg, vocab)     # a file is untrusted input
         w = WeightReader(gguf, cfg)
         top = w.model()
@@ -206,13 +225,6 @@ class Model:
         """
         ids = self._ids(ids)
         segment = Segment(0, len(ids), pos0, self._check_cache(cache, pos0, len(ids)))
-        if len(ids) == 1:                  # decode: the same step, without the Python
-            decoder = self._decoder()      # between the kernels (decode.py)
-            if decoder is not None and decoder.lock.acquire(blocking=False):
-                try:
-                    return decoder.step(int(ids[0]), pos0, cache)
-                finally:
-                    decoder.lock.release()
         return self._forward(ids, [segment], last_only=True, per_row=per_row)[0]
 
     def forward_step_all_logits(self, ids, pos0: int, cache: KvCache, *,
@@ -290,55 +302,78 @@ class Model:
     def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
                  per_row: bool = False) -> np.ndarray:
         cfg, last = self.config, len(self.layers) - 1
-        positions = np.concatenate([np.arange(s.pos0, s.pos0 + s.stop - s.start)
-                                    for s in segments])
-        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        step = Step(segments, cos, sin, per_row)
-        x = self._stage("embedding", self.embedding.rows, ids)       # [n, hidden]
-        for i, layer in enumerate(self.layers):
-            x = x + self._stage("attention", attention_block, layer, x, cfg, step, i)
-            if last_only and i == last:
-                x = x[-1:]  # only the last row reaches the logits: skip others' FFN
-            x = x + self._stage("ffn", ffn_block, layer, x, cfg, step)
-            if self.check_numerics:
-                validate.check_finite(x, f"{self.path.name}: the output of layer {i}")
-        for s in segments:
-            s.cache.advance(s.stop - s.start)
-        logits = self._stage("lm_head", self._logits, x, step)       # [rows, vocab]
+        step = self._step(segments, len(ids), per_row)
+        attention, ffn = self._blocks()
+        stage = "embedding"
+        try:
+            x = self._timed(stage, self.embedding.rows, ids)              # [n, hidden]
+            for i, layer in enumerate(self.layers):
+                stage = "attention"
+                x += attention(layer, x, cfg, step, i)                    # residual add
+                if last_only and i == last:
+                    x = x[-1:]  # only the last row reaches the logits: skip others' FFN
+                stage = "ffn"
+                x += ffn(layer, x, cfg, step)                             # residual add
+                if self.check_numerics:
+                    validate.check_finite(x, f"{self.path.name}: layer {i}'s output")
+            for s in segments:
+                s.cache.advance(s.stop - s.start)
+            stage = "lm_head"
+            logits = self._timed(stage, self._logits, x, step)        # [rows, vocab]
+        except (ZeroDivisionError, FloatingPointError):
+            raise self._non_finite(stage) from None
         return validate.check_logits(logits, self.path)
 
+    def _step(self, segments: list[Segment], n: int, per_row: bool) -> Step:
+        """The step's RoPE angles (each row's position) and its workspace."""
+        if len(segments) == 1:
+            cos, sin = self.rope.span(segments[0].pos0, n)            # [n, D/2] x2
+        else:
+            cos, sin = self.rope.at(np.concatenate(
+                [np.arange(s.pos0, s.pos0 + s.stop - s.start) for s in segments]))
+        return Step(segments, cos, sin, per_row, self._workspace(n))
+
+    def _non_finite(self, stage: str) -> NonFiniteValues:
+        """A non-finite activation stops the int8 quantizers (quant.NonFiniteActivations,
+        a FloatingPointError; a float division by zero in a kernel means the same)."""
+        return NonFiniteValues(f"{self.path}: the activations went non-finite in the "
+                               f"{stage} stage (broken weights or config; "
+                               "check_numerics=True names the layer)")
+
     def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
-        h = rms_norm(x, self.output_norm, self.config.rms_norm_eps)  # [rows, hidden]
+        h = rms_norm(x, self.output_norm, self.config.rms_norm_eps,
+                     out=step.buffers(len(x)).h)                     # [rows, hidden]
         return self.output(h, step.path)                             # [rows, vocab]
 
-    def _stage(self, name: str, fn, *args):
-        """fn(*args), one stage of the forward pass: its wall time goes to
-        `self.profile[name]` when profiling.  A non-finite activation stops the int8
-        quantizers (quant.NonFiniteActivations, a FloatingPointError; a float division
-        by zero in a kernel means the same): it is reported as the NonFiniteValues it
-        is."""
-        start = time.perf_counter()
-        try:
-            result = fn(*args)
-        except (ZeroDivisionError, FloatingPointError):
-            raise NonFiniteValues(f"{self.path}: the activations went non-finite in "
-                                  f"the {name} stage (broken weights or config; "
-                                  "check_numerics=True names the layer)") from None
-        if self.profile is not None:
-            spent = time.perf_counter() - start
-            self.profile[name] = self.profile.get(name, 0.0) + spent
-        return result
-
-    def _decoder(self):
-        """decode.py's schedule of this model's one-token step (made on first use,
-        remade if the instruction-set level changed), or None: switched off
-        (`fast_decode`), or a stage-by-stage view asked for (`profile`,
-        `check_numerics`), which model.py's path gives."""
-        if not self.fast_decode or self.profile is not None or self.check_numerics:
+    def _workspace(self, n: int) -> Workspace | None:
+        """This thread's workspace if it holds n rows (grown to n up to KEEP_ROWS), else
+        a fresh one for this step; None if `reuse_buffers` is off."""
+        if not self.reuse_buffers:
             return None
-        if self._decode is None or not self._decode.current:
-            self._decode = Decoder(self)
-        return self._decode
+        ws = getattr(self._local, "workspace", None)
+        if ws is not None and n <= ws.rows:
+            return ws
+        if n > self.KEEP_ROWS:
+            return Workspace(self.config, n)
+        self._local.workspace = Workspace(self.config, n)
+        return self._local.workspace
+
+    def _blocks(self):
+        """The two block functions, timed per stage into `profile` when profiling."""
+        if self.profile is None:
+            return attention_block, ffn_block
+        return (lambda *a: self._timed("attention", attention_block, *a),
+                lambda *a: self._timed("ffn", ffn_block, *a))
+
+    def _timed(self, name: str, fn, *args):
+        """fn(*args); its wall time goes to `self.profile[name]` when profiling."""
+        if self.profile is None:
+            return fn(*args)
+        start = time.perf_counter()
+        result = fn(*args)
+        spent = time.perf_counter() - start
+        self.profile[name] = self.profile.get(name, 0.0) + spent
+        return result
 
     def _ids(self, ids) -> np.ndarray:
         arr = np.asarray(ids, dtype=np.int64).reshape(-1)

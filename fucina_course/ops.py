@@ -9,24 +9,29 @@ bits rather than merely "closely".
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from numba import njit, prange
 
 from .quant._intrinsics import f32_as_u32, u32_as_f32
 
 
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
+             out: np.ndarray | None = None) -> np.ndarray:
     """y = x / sqrt(mean(x^2) + eps) * weight, over the last axis (any leading shape).
 
     ggml's exact recipe: each square is a float32 product, the squares are summed in
     float64 in order, the mean and the scale are float32, and y = (x * scale) * weight.
     A small numba loop does it (numpy's float64 einsum squared in float64 and summed
-    pairwise: last-bit differences).
+    pairwise: last-bit differences).  `out`: a C-contiguous float32 array of x's shape
+    to write into (a step's workspace), else a new one.
     """
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty_like(x)
-    rows = x.reshape(-1, x.shape[-1])                                     # [.., dim]
-    _rms_norm_rows(rows, weight, np.float32(eps), out.reshape(rows.shape))
+    if out is None:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        out = np.empty_like(x)
+    d = x.shape[-1]
+    _rms_norm_rows(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
     return out
 
 
@@ -62,21 +67,66 @@ def rope_angles(positions: np.ndarray, head_dim: int,
     return np.cos(angles64).astype(np.float32), np.sin(angles64).astype(np.float32)
 
 
-def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray,
-               style: str) -> np.ndarray:
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
+               out: np.ndarray | None = None) -> np.ndarray:
     """Rotate channel pairs of `x` `[seq, heads, head_dim]` by per-position angles
     `[seq, head_dim/2]`.
 
     "neox" (Qwen, "half" layout): channel i pairs with i + d/2.  "normal" (Llama): 2i
     with 2i+1. Pair (a, b) becomes (a cos - b sin, a sin + b cos).  Only q and k are
-    rotated, never v: positions matter for *matching*, not for content.
+    rotated, never v: positions matter for *matching*, not for content.  `out`: a
+    C-contiguous float32 array of x's shape to write into, else a new one.
     """
     if style not in ("neox", "normal"):
         raise ValueError(f"unknown RoPE style {style!r}")
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    out = np.empty_like(x)
+    if not x.flags.c_contiguous:    # (one layout: one compiled kernel)
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    if out is None:
+        out = np.empty_like(x)
     _rope(x, cos, sin, style == "neox", out)
     return out
+
+
+class RopeTable:
+    """cos and sin of every position's angles, computed once per position and kept
+    (`rope_angles` rows, which depend on their position alone, so a row looked up here
+    is the row computed for any set of positions, to the bit).
+
+    Why: `rope_angles` of a single position cost ~100-180 us (a Python loop over the
+    channel pairs), once per decoded token; a lookup is a slice.  The table grows in
+    blocks of `BLOCK` positions."""
+
+    BLOCK = 256
+
+    def __init__(self, head_dim: int, theta_base: float):
+        self.head_dim, self.theta_base = head_dim, theta_base
+        empty = np.empty((0, head_dim // 2), np.float32)
+        self._table = (empty, empty)          # cos, sin [positions, d/2], swapped whole
+        self._grow = threading.Lock()
+
+    def _cover(self, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        table = self._table
+        if stop > len(table[0]):
+            with self._grow:
+                cos, sin = self._table
+                have, end = len(cos), -(-stop // self.BLOCK) * self.BLOCK
+                if end > have:
+                    more = rope_angles(np.arange(have, end), self.head_dim,
+                                       self.theta_base)
+                    self._table = (np.concatenate([cos, more[0]]),
+                                   np.concatenate([sin, more[1]]))
+                table = self._table
+        return table
+
+    def span(self, pos0: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The angles of positions pos0 .. pos0 + n - 1: `[n, d/2]` views x2."""
+        cos, sin = self._cover(pos0 + n)
+        return cos[pos0:pos0 + n], sin[pos0:pos0 + n]
+
+    def at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The angles of any positions (a batch's streams): `[n, d/2]` copies x2."""
+        cos, sin = self._cover(int(positions.max()) + 1)
+        return cos[positions], sin[positions]
 
 
 @njit(cache=True)
@@ -92,16 +142,17 @@ def _rope(x, cos, sin, neox, out):  # pragma: no cover - compiled
                 out[t, h, ib] = a * sin[t, i] + b * cos[t, i]
 
 
-def swiglu(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """silu(gate) * up: the gate decides, per channel, how much of `up` passes.
 
     One parallel numba pass (`_swiglu`, with `expf`) over `[n, ffn]` arrays, which may
     be column views of one fused gate/up product: numpy's passes (a copy of each view,
     exp, add, divide, multiply) took ~2 ms a layer in a `[256, 3072]` prefill, 3% of a
-    Qwen3-0.6B Q4_K pp256."""
+    Qwen3-0.6B Q4_K pp256.  `out`: a C-contiguous float32 `[n, ffn]` to write into."""
     shape = np.shape(gate)
     gate, up = _rows(gate), _rows(up)
-    out = np.empty(gate.shape, np.float32)
+    if out is None:
+        out = np.empty(gate.shape, np.float32)
     if out.shape[0] == 1:
         _swiglu_one(_flat(gate), _flat(up), out)
     else:

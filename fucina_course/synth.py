@@ -189,7 +189,8 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
                     metadata_overrides: dict | None = None,
                     type_overrides: dict[str, str] | None = None,
                     progress: bool = False) -> Path:
-    """Write `spec` as a GGUF file llama.cpp can load; returns the path.
+    """Write `spec` as a GGUF file llama.cpp can load (if it knows the family); returns
+    the path.
 
     `metadata_overrides` ({key: value}) and `type_overrides` ({tensor name: format})
     exist to write deliberately broken files for the error tests.
@@ -199,11 +200,43 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
         raise ValueError(f"no family {s.arch!r} to write "
                          f"(known: {', '.join(FAMILIES)})")
     vocab = vocabulary(s.vocab_size)
-    n_vocab = len(vocab["tokens"])
     mk = _TensorMaker(s)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
+    meta = _metadata(s, vocab)
+    for key, value in (metadata_overrides or {}).items():  # tests write broken files
+        kind = ("bool" if isinstance(value, bool) else
+                "float32" if isinstance(value, float) else "uint32")
+        meta[key] = (meta[key][0] if key in meta else kind, value)
+    w = gguf.GGUFWriter(str(tmp), s.arch)
+    for key, (kind, value) in meta.items():
+        if key != "general.architecture":
+            getattr(w, f"add_{kind}")(key, value)
+    for name, (data, qtype) in _tensors(s, _config(s, len(vocab["tokens"])), mk):
+        if name in (type_overrides or {}):  # random bytes, another (maybe unsupported)
+            data, qtype = _random_bytes(mk.rng, data, qtype, T[type_overrides[name]])
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file(progress=progress)
+    w.close()
+    os.replace(tmp, path)
+    return path
+
+
+def _random_bytes(rng, data: np.ndarray, qtype: T, other: T):
+    """(random blocks, other) for the tensor `data` of `qtype`, retyped as `other`
+    (any format: gguf-py's table knows them all; the error tests)."""
+    block, size = gguf.constants.GGML_QUANT_SIZES[other]
+    n_out, n_in = _logical_shape(data, qtype)
+    return rng.integers(0, 256, size=(n_out, n_in // block * size), dtype=np.uint8), other
+
+
+def _metadata(s: SynthSpec, vocab: dict) -> dict[str, tuple[str, object]]:
+    """{key: (GGUF value kind, value)}: the config's keys, the vocabulary, ChatML."""
+    from .qwen_vocab import CHATML_TEMPLATE
+
     a = s.arch
     meta: dict[str, tuple[str, object]] = {
         "general.name": ("string",
@@ -224,7 +257,6 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
                      f"{a}.expert_used_count": ("uint32", s.num_experts_used),
                      f"{a}.expert_feed_forward_length":
                          ("uint32", s.moe_intermediate_size)})
-    from .qwen_vocab import CHATML_TEMPLATE
     meta.update({
         "tokenizer.ggml.model": ("string", "gpt2"),
         "tokenizer.ggml.pre": ("string", "qwen2"),
@@ -236,34 +268,7 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
         "tokenizer.ggml.add_bos_token": ("bool", False),
         "tokenizer.chat_template": ("string", CHATML_TEMPLATE),
     })
-    for key, value in (metadata_overrides or {}).items():  # tests write broken files
-        kind = ("bool" if isinstance(value, bool) else
-                "float32" if isinstance(value, float) else "uint32")
-        meta[key] = (meta[key][0] if key in meta else kind, value)
-    w = gguf.GGUFWriter(str(tmp), a)
-    for key, (kind, value) in meta.items():
-        if key != "general.architecture":
-            getattr(w, f"add_{kind}")(key, value)
-
-    def add(name, data_type):
-        data, qtype = data_type
-        if name in (type_overrides or {}):  # random bytes, another (maybe unsupported)
-            qtype = T[type_overrides[name]]  # format: gguf-py's table knows them all
-            block, size = gguf.constants.GGML_QUANT_SIZES[qtype]
-            n_out, n_in = _logical_shape(data, data_type[1])
-            data = mk.rng.integers(0, 256, size=(n_out, n_in // block * size),
-                                   dtype=np.uint8)
-        w.add_tensor(name, data, raw_dtype=qtype)
-
-    cfg = _config(s, n_vocab)
-    for name, data_type in _tensors(s, cfg, mk):
-        add(name, data_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file(progress=progress)
-    w.close()
-    os.replace(tmp, path)
-    return path
+    return meta
 
 
 def _config(s: SynthSpec, n_vocab: int) -> Config:

@@ -31,15 +31,54 @@ from __future__ import annotations
 
 from dataclasses import replace
 from itertools import groupby
+from threading import get_ident
 
 import numpy as np
 
 from . import quant
+from .quant import isa
 from .errors import ShapeMismatch
 from .gguf_file import GGUFFile, TensorInfo
 
 
-class LinearWeight:
+_UNBOUND = (None, None)
+
+
+class _Product:
+    """y = x @ W.T (+ b) for a matrix in its block format: the one multiply of
+    `LinearWeight` and of each group of a `FusedLinear`.
+
+    One row (decode) runs the matrix x vector kernel bound once per instruction-set
+    level and thread (`quant.bound_matvec`: the kernel and every argument that depends
+    on the matrix alone, looked up once): `quant.matvec`'s checks and lookups cost ~3 us
+    a call, ~5% of a SmolLM2 decode step.  More rows run `quant.matmul`."""
+
+    _bound: dict      # {thread id: (isa level, bound kernel)}
+
+    matrix: quant.QuantMatrix | quant.MultiMatrix
+    bias: np.ndarray | None
+
+    def _multiply(self, x: np.ndarray, path: str, out: np.ndarray | None) -> np.ndarray:
+        """x `[n, n_in]` -> `[n, n_out]` (+ bias), into `out` (C-contiguous) if given."""
+        if len(x) == 1:
+            if out is None:
+                out = np.empty((1, self.matrix.n_out), np.float32)          # [1, n_out]
+            flags = x.flags
+            if not (flags.c_contiguous and flags.writeable and x.dtype == np.float32):
+                x = np.array(x, np.float32)    # the kernel's one argument type
+            level, kernel = self._bound.get(get_ident(), _UNBOUND)
+            if level != isa.level:      # per thread: a bound kernel has its scratch
+                level, kernel = self._bound[get_ident()] = (
+                    isa.level, quant.bound_matvec(self.matrix))
+            kernel(x, out[0])
+        else:
+            out = quant.matmul(self.matrix, x, out, path=path)               # [n, n_out]
+        if self.bias is not None:
+            out += self.bias
+        return out
+
+
+class LinearWeight(_Product):
     """An `[n_out, n_in]` weight matrix (+ float32 bias) in its GGUF block format."""
 
     def __init__(self, info: TensorInfo, bias: np.ndarray | None = None):
@@ -52,6 +91,7 @@ class LinearWeight:
         self.matrix = quant.QuantMatrix.from_tensor(info)
         self.bias = (None if bias is None
                      else np.ascontiguousarray(bias, dtype=np.float32))
+        self._bound = {}
 
     @property
     def name(self) -> str:
@@ -65,12 +105,10 @@ class LinearWeight:
     def nbytes(self) -> int:
         return self.info.n_bytes
 
-    def __call__(self, x: np.ndarray, path: str = "auto") -> np.ndarray:
-        """x `[n, n_in]` -> `[n, n_out]` (+ bias)."""
-        y = _multiply(self.matrix, x, path)                                 # [n, n_out]
-        if self.bias is not None:
-            y += self.bias
-        return y
+    def __call__(self, x: np.ndarray, path: str = "auto",
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """x `[n, n_in]` -> `[n, n_out]` (+ bias), into `out` if given."""
+        return self._multiply(x, path, out)
 
     def rows(self, ids) -> np.ndarray:
         """Dequantize rows `ids` only (embedding lookup): float32 `[len(ids), n_in]`."""
@@ -88,21 +126,27 @@ class FusedLinear:
             parts, key=lambda p: (p.info.ggml_type, p.n_in))]
         # one group: every part in one kernel call (moe.py reads its MultiMatrix)
         self.fused = self.groups[0].matrix if len(self.groups) == 1 else None
+        self.n_out = sum(p.n_out for p in parts)
 
-    def __call__(self, x: np.ndarray, path: str = "auto") -> list[np.ndarray]:
-        """x `[n, n_in]` -> one `[n, n_out_i]` array per part."""
-        out = []
+    def __call__(self, x: np.ndarray, path: str = "auto",
+                 out: np.ndarray | None = None) -> list[np.ndarray]:
+        """x `[n, n_in]` -> one `[n, n_out_i]` array per part (views of one result per
+        group).  `out`: a flat float32 buffer of at least n * `n_out` values; group g's
+        result is the C-contiguous `[n, n_out_g]` block after the previous groups'."""
+        n, parts, start = len(x), [], 0
         for g in self.groups:
-            y = _multiply(g.matrix, x, path)                         # [n, sum n_out]
-            if g.bias is not None:
-                y += g.bias
+            y = None
+            if out is not None:
+                y = out[start:start + n * g.n_out].reshape(n, g.n_out)
+                start += n * g.n_out
+            y = g._multiply(x, path, y)                                # [n, n_out_g]
             # views by slicing: np.split took 5 us a call, 1 us this (2% of a SmolLM2
             # token)
-            out += [y[:, a:b] for a, b in g.bounds]
-        return out
+            parts += [y[:, a:b] for a, b in g.bounds]
+        return parts
 
 
-class _Group:
+class _Group(_Product):
     """Neighbouring parts of one format and row length as one `quant.MultiMatrix`, with
     their biases (zeros where a part has none) and each part's output columns."""
 
@@ -110,6 +154,8 @@ class _Group:
         parts = list(parts)
         self.matrix = (quant.MultiMatrix([p.matrix for p in parts]) if len(parts) > 1
                        else parts[0].matrix)
+        self.n_out = self.matrix.n_out
+        self._bound = {}
         ends = np.cumsum([p.n_out for p in parts]).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
         self.bias = None
@@ -117,13 +163,6 @@ class _Group:
             self.bias = np.concatenate([p.bias if p.bias is not None
                                         else np.zeros(p.n_out, np.float32)
                                         for p in parts])
-
-
-def _multiply(matrix, x: np.ndarray, path: str) -> np.ndarray:
-    """x `[n, n_in]` @ W.T: matrix x vector for one row (decode), else matmul."""
-    if x.shape[0] == 1:
-        return quant.matvec(matrix, x[0])[None, :]                          # [1, n_out]
-    return quant.matmul(matrix, x, path=path)                               # [n, n_out]
 
 
 class WeightReader:

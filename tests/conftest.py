@@ -55,9 +55,10 @@ _TOKENIZERS: dict = {}
 
 
 def tokenizer_for(path: Path):
-    from fucina_course import GGUFFile, Tokenizer
+    from fucina_course import GGUFFile
+    from fucina_course.catalog import open_tokenizer
 
     key = str(path)
     if key not in _TOKENIZERS:
-        _TOKENIZERS[key] = Tokenizer.from_gguf(GGUFFile(path))
+        _TOKENIZERS[key] = open_tokenizer(GGUFFile(path))   # tables cached on disk
     return _TOKENIZERS[key]

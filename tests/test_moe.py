@@ -149,7 +149,7 @@ def touched_experts(model, run) -> tuple[list, "moe.RoutingLog"]:
                 layer = int(part.name.split(".")[1])
                 seen.append((layer, int(part.name.split("[")[1][:-1]), rows))
 
-    matvec, matmul = quant.matvec, quant.matmul
+    matvec, matmul, bound = quant.matvec, quant.matmul, quant.bound_matvec
 
     def spy_matvec(w, x, *a, **kw):
         note(w, 1)
@@ -159,12 +159,28 @@ def touched_experts(model, run) -> tuple[list, "moe.RoutingLog"]:
         note(w, len(x))
         return matmul(w, x, *a, **kw)
 
-    quant.matvec, quant.matmul = spy_matvec, spy_matmul
+    def spy_bound(w):                       # one row through a bound kernel
+        kernel = bound(w)
+
+        def call(x, out):
+            note(w, 1)
+            return kernel(x, out)
+        return call
+
+    def unbind():                           # the weights bind their kernels once
+        for layer in model.layers:
+            for ffn in getattr(layer.ffn, "experts", []):
+                for product in (*ffn.gate_up.groups, ffn.down):
+                    product._bound.clear()
+
+    quant.matvec, quant.matmul, quant.bound_matvec = spy_matvec, spy_matmul, spy_bound
+    unbind()
     try:
         with recording(model) as log:
             run()
     finally:
-        quant.matvec, quant.matmul = matvec, matmul
+        quant.matvec, quant.matmul, quant.bound_matvec = matvec, matmul, bound
+        unbind()
     return seen, log
 
 

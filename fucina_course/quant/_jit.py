@@ -106,7 +106,7 @@ def _optimized(mod: ir.Module, level: str):
     tm = target_machine(level)
     tune = isa.target(level)[2]
     text = str(mod).replace(") nounwind\n{", f') nounwind "tune-cpu"="{tune}"\n{{')
-    # a context of its own: numba may be compiling in another thread (first_start.py)
+    # a context of its own: numba may be compiling in another thread (startup.py)
     llmod = ll.parse_assembly(text, context=ll.create_context())
     llmod.triple = tm.triple
     llmod.data_layout = str(tm.target_data)

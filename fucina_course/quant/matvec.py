@@ -53,6 +53,7 @@ same `vec_dot_type` can still quantize it once with `quantize_activations` and c
 from __future__ import annotations
 
 import os
+import threading
 
 # numba's OpenMP threads (libgomp) spin ~300,000 times after each parallel region before
 # sleeping, i.e. for milliseconds, and an OpenBLAS call in that window fights them for
@@ -566,9 +567,11 @@ def bound_matvec(w):
     """`matvec(w, x, out)` with all that depends on w alone looked up once, at the
     current `isa.level`: a function f(x, out) of x f32[1, n_in] (a C-contiguous,
     writeable buffer: nothing is checked) and out f32[n_out], for a caller that runs
-    the same matrices again and again with buffers of its own (decode.py).  An integer
+    the same matrices again and again with buffers of its own (weights.py).  An integer
     kernel is then one `run` call with every argument ready: matvec's checks, dispatch
-    and lookups cost ~3 us a call on this VM, ~5% of a SmolLM2 decode step."""
+    and lookups cost ~3 us a call on this VM, ~5% of a SmolLM2 decode step.  The
+    function quantizes x into this thread's scratch: call it from the thread that
+    bound it."""
     kernel = _dispatch(w.ggml_type._value_)
     if type(kernel) is not IntKernels:
         return lambda x, out: matvec(w, x[0], out)
@@ -582,21 +585,28 @@ def _run_args(kernel, w) -> tuple:
     into (quants, scales, the side array as bytes)."""
     fns = kernel.fns if kernel.fns is not None else kernel.load()
     parts, rb = w.kernel_parts()
-    qi, d, s_bytes, d_bytes = _scratch.get(w.n_in) or _new_scratch(w.n_in)
+    qi, d, s_bytes, d_bytes = _scratch(w.n_in)
     return fns, parts, rb, qi, d, s_bytes if kernel.own_side else d_bytes
 
 
-# n_in -> what `run`'s quantizer fills in decode: quants int8[1, n], scales f32[1, n/32]
-# (Q8_K: n/256 of them) and the side array as bytes (Q8_1's s or Q8_K's bsum32, a
-# float32[1, n/32] of their own; Q8_0's is d itself).  Reused from call to call:
-# fresh arrays and their byte views cost ~2.6 us a matvec on this VM (np.empty ~0.7 us).
-# Safe because `run` holds the GIL (no nogil): no other thread gets in between a call's
-# quantization and its kernels, and nothing keeps the arrays after the call.
-_scratch: dict[int, tuple] = {}
+def _scratch(n: int) -> tuple:
+    """What `run`'s quantizer fills in decode, for an n-value vector: quants int8[1, n],
+    scales f32[1, n/32] (Q8_K: n/256 of them) and the side array as bytes (Q8_1's s or
+    Q8_K's bsum32, a float32[1, n/32] of their own; Q8_0's is d itself).  Reused from
+    call to call: fresh arrays and their byte views cost ~2.6 us a matvec on this VM
+    (np.empty ~0.7 us).  One set per thread: `run`'s parallel region lets another
+    Python thread run, and two decodes quantizing into one scratch gave wrong logits
+    (tests/test_workspace.py, two threads decoding at once)."""
+    per_thread = getattr(_tls, "scratch", None)
+    if per_thread is None:
+        per_thread = _tls.scratch = {}
+    got = per_thread.get(n)
+    if got is None:
+        d = np.empty((1, n // 32), np.float32)
+        side = np.empty((1, n // 32), np.float32)
+        got = per_thread[n] = (np.empty((1, n), np.int8), d, side.view(np.uint8),
+                               d.view(np.uint8))
+    return got
 
 
-def _new_scratch(n: int) -> tuple:
-    d = np.empty((1, n // 32), np.float32)
-    side = np.empty((1, n // 32), np.float32)
-    _scratch[n] = (np.empty((1, n), np.int8), d, side.view(np.uint8), d.view(np.uint8))
-    return _scratch[n]
+_tls = threading.local()
