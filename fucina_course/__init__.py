@@ -20,6 +20,7 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     ffn.py           DenseFfn: the SwiGLU feed-forward network (also each MoE expert)
     moe.py           mixture of experts: router top-k, routed SwiGLU experts (qwen3moe)
     workspace.py     the buffers a forward step writes into, made once
+    tape.py          a decode step's kernel calls, recorded from the blocks, replayed
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat_template.py a model file's Jinja template, rendered in a bounded sandbox

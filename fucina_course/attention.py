@@ -41,6 +41,7 @@ from numba import njit, prange
 from .kv_cache import KvCache, KvView
 from .ops import expf
 from .quant._intrinsics import f16_to_f32, f32_to_f16_bits
+from .tape import call
 
 
 @dataclass
@@ -73,6 +74,9 @@ def attend(q, k, v, segments: list[Segment], layer: int, scale: float,
     n, n_heads, d = q.shape
     if out is None:
         out = np.empty((n, n_heads * d), dtype=np.float32)                 # [n, H*D]
+    if n == 1:                      # decode: one query, the cache read where it lies
+        call(_attend_one, q, k, v, segments, layer, scale, out.reshape(n_heads, d))
+        return out
     for s in segments:
         rows = s.stop - s.start
         s.cache.append_layer(layer, k[s.rows], v[s.rows])
@@ -86,6 +90,15 @@ def attend(q, k, v, segments: list[Segment], layer: int, scale: float,
             keys, values = s.cache.read(layer, s.pos0 + rows)      # [seen, KVH, D]
             out[s.rows] = causal_attention(q[s.rows], keys, values, s.pos0, scale)
     return out
+
+
+def _attend_one(q, k, v, segments, layer, scale, out) -> None:
+    """One token of one sequence: append its k and v, attend over the cache.  (A call
+    of its own: a recorded decode step (tape.py) calls it again with the same
+    arguments, and it reads the sequence's segment, its cache and position, anew.)"""
+    s = segments[0]
+    s.cache.append_layer(layer, k, v)
+    decode_attention(q[0], s.cache.layer_view(layer, s.pos0 + 1), scale, out)
 
 
 def causal_attention(q, k, v, q_pos0: int, scale: float) -> np.ndarray:
@@ -119,7 +132,8 @@ def decode_attention(q: np.ndarray, view: KvView, scale: float,
     C-contiguous float32 `[n_heads, d]` buffer, receives the result if given (a row of
     `attend`'s output).
     """
-    q = np.ascontiguousarray(q, dtype=np.float32)
+    if not q.flags.c_contiguous:
+        q = np.ascontiguousarray(q, dtype=np.float32)
     if out is None:
         out = np.empty(q.shape, np.float32)                               # [n_heads, d]
     if view.k_scale is None:

@@ -18,8 +18,10 @@ reads it through a norm and adds its contribution back.  Which tensors a layer h
 which steps run: q/k norms, biases, experts) is the family's table (families.py).
 
 The blocks write every intermediate into a workspace of buffers made once
-(workspace.py), for a prompt as for a single decoded token: there is one forward pass,
-and decode pays no allocation between its kernels (chapter 07 measures the saving).
+(workspace.py), for a prompt as for a single decoded token: there is one forward pass.
+A decode step's kernel calls are recorded from the blocks once and replayed (tape.py),
+so decode pays neither allocation nor interpretation between its kernels (chapter 07
+measures both).
 
 One forward function serves every entry point; they differ in which rows they feed,
 which KV caches they read and write, and which logits they return:
@@ -52,7 +54,10 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
+from types import SimpleNamespace
+from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
@@ -66,6 +71,8 @@ from .ffn import DenseFfn
 from .moe import MoeFfn, check_top_p, load_moe_ffn
 from .ops import RopeTable, apply_rope, rms_norm
 from . import validate
+from .quant import isa
+from .tape import Tape
 from .weights import FusedLinear, LinearWeight, WeightReader
 from .workspace import NO_WORKSPACE, Workspace
 
@@ -74,6 +81,8 @@ from .workspace import NO_WORKSPACE, Workspace
 class Layer:
     """One block's weights, GGUF tensors `blk.{i}.*`; matrices are [out, in]."""
 
+    edits: ClassVar[int] = 0     # counts every assignment (a recorded tape is stale)
+
     attn_norm: np.ndarray        # [hidden]
     qkv: FusedLinear             # Wq [H*D, hidden]; Wk, Wv [KVH*D, hidden]
     q_norm: np.ndarray | None    # [D] (qwen3 only)
@@ -81,6 +90,10 @@ class Layer:
     attn_out: LinearWeight       # Wo [hidden, H*D]
     ffn_norm: np.ndarray         # [hidden]
     ffn: DenseFfn | MoeFfn       # h [n, hidden] -> [n, hidden]
+
+    def __setattr__(self, name, value):
+        Layer.edits += 1
+        object.__setattr__(self, name, value)
 
 
 @dataclass
@@ -91,40 +104,40 @@ class Step:
     cos: np.ndarray              # [n, D/2] RoPE angles of each row's position
     sin: np.ndarray              # [n, D/2]
     per_row: bool = False        # compute each row exactly as a decode step would
-    workspace: Workspace | None = None   # buffers for the step's rows (workspace.py)
+    workspace: Workspace | None = None   # buffers for up to n rows (workspace.py)
+    ws: SimpleNamespace = field(default_factory=lambda: NO_WORKSPACE)  # the n rows'
+    scale: float | None = None   # attention's 1 / sqrt(head_dim) (None: from q)
+    path: str = field(init=False)  # how a matrix meets several rows (weights.py)
+    stage: str = "embedding"     # what is running (named if it fails)
 
-    @property
-    def path(self) -> str:
-        """How a matrix meets several rows: as decode would, or the fastest way."""
-        return "rows" if self.per_row else "auto"
+    def __post_init__(self):
+        self.path = "rows" if self.per_row else "auto"   # as decode would, or fastest
 
-    def buffers(self, n: int):
-        """Where an n-row block writes its intermediates (none: new arrays)."""
-        return NO_WORKSPACE if self.workspace is None else self.workspace.view(n)
+    def keep_last_row(self) -> None:
+        """From here on the step computes its last row only: its buffers' first row."""
+        if self.workspace is not None:
+            self.ws = self.workspace.view(1)
 
 
 def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
     """x `[n, hidden]` -> the attention block's contribution `[n, hidden]`."""
-    n, H, KVH, D = len(x), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    ws, eps = step.buffers(n), cfg.rms_norm_eps
+    ws, eps, D = step.ws, cfg.rms_norm_eps, cfg.head_dim       # ws: buffers made once
     h = rms_norm(x, layer.attn_norm, eps, out=ws.h)             # [n, hidden]
-    q, k, v = layer.qkv(h, step.path, out=ws.qkv)               # [n, H*D], [n, KVH*D]
-    q, k, v = q.reshape(n, H, D), k.reshape(n, KVH, D), v.reshape(n, KVH, D)
+    q, k, v = layer.qkv(h, step.path, out=ws.qkv, head_dim=D)   # [n, H|KVH, D] each
     if layer.q_norm is not None:                                # per head
         q = rms_norm(q, layer.q_norm, eps, out=ws.q_normed)     # [n, H, D]
         k = rms_norm(k, layer.k_norm, eps, out=ws.k_normed)     # [n, KVH, D]
     q = apply_rope(q, step.cos, step.sin, cfg.rope_style, out=ws.q_rot)  # (v: no RoPE)
     k = apply_rope(k, step.cos, step.sin, cfg.rope_style, out=ws.k_rot)
-    scale = 1.0 / np.sqrt(D)
+    scale = step.scale or 1.0 / np.sqrt(D)
     out = attend(q, k, v, step.segments, index, scale, step.per_row, out=ws.att)
     return layer.attn_out(out, step.path, out=ws.o)             # [n, hidden]
 
 
 def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
     """x `[n, hidden]` -> the feed-forward block's contribution `[n, hidden]`."""
-    ws = step.buffers(len(x))
-    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps, out=ws.h)  # [n, hidden]
-    return layer.ffn(h, step.path, ws)                          # dense or experts
+    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps, out=step.ws.h)  # [n, hidden]
+    return layer.ffn(h, step.path, step.ws)                     # dense or experts
 
 
 def load_layer(w: WeightReader, i: int, expert_top_p: float = 1.0) -> Layer:
@@ -155,7 +168,9 @@ class Model:
         self.check_numerics = False     # check each layer's output: name the first bad
         self.rope = RopeTable(config.head_dim, config.rope_theta)  # angles by position
         self.reuse_buffers = True       # False: every op allocates (the reference)
-        self._local = threading.local()  # this thread's workspace (workspace.py)
+        self.replay_decode = True       # False: no tape, the blocks run every step
+        self._local = threading.local()  # this thread's workspace and tape
+        self._tape_epoch = 0            # forget_tape
 
     # --- loading ----------------------------------------------------------------------
 
@@ -301,37 +316,91 @@ class Model:
 
     def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
                  per_row: bool = False) -> np.ndarray:
-        cfg, last = self.config, len(self.layers) - 1
-        step = self._step(segments, len(ids), per_row)
-        attention, ffn = self._blocks()
-        stage = "embedding"
+        step, tape = self._step(segments, len(ids), per_row)
         try:
-            x = self._timed(stage, self.embedding.rows, ids)              # [n, hidden]
-            for i, layer in enumerate(self.layers):
-                stage = "attention"
-                x += attention(layer, x, cfg, step, i)                    # residual add
-                if last_only and i == last:
-                    x = x[-1:]  # only the last row reaches the logits: skip others' FFN
-                stage = "ffn"
-                x += ffn(layer, x, cfg, step)                             # residual add
-                if self.check_numerics:
-                    validate.check_finite(x, f"{self.path.name}: layer {i}'s output")
+            x = self._timed("embedding", self._embed, ids, tape)          # [n, hidden]
+            if tape is not None and tape.blocks:   # a decode step, recorded before:
+                x = tape.replay(step)              # its kernel calls again (tape.py)
+            else:
+                x = self._layers(x, step, last_only, tape)
             for s in segments:
                 s.cache.advance(s.stop - s.start)
-            stage = "lm_head"
-            logits = self._timed(stage, self._logits, x, step)        # [rows, vocab]
+            step.stage = "lm_head"
+            logits = self._timed(step.stage, self._logits, x, step)   # [rows, vocab]
         except (ZeroDivisionError, FloatingPointError):
-            raise self._non_finite(stage) from None
+            raise self._non_finite(step.stage) from None
         return validate.check_logits(logits, self.path)
 
-    def _step(self, segments: list[Segment], n: int, per_row: bool) -> Step:
-        """The step's RoPE angles (each row's position) and its workspace."""
-        if len(segments) == 1:
+    def _layers(self, x: np.ndarray, step: Step, last_only: bool,
+                tape: Tape | None) -> np.ndarray:
+        """N x (attention block + FFN block), each adding its contribution to x."""
+        cfg, last = self.config, len(self.layers) - 1
+        attention, ffn = self._blocks(tape)
+        for i, layer in enumerate(self.layers):
+            step.stage = "attention"
+            x += attention(layer, x, cfg, step, i)                        # residual add
+            if last_only and i == last and len(x) > 1:
+                x = x[-1:]  # only the last row reaches the logits: skip others' FFN
+                step.keep_last_row()
+            step.stage = "ffn"
+            x += ffn(layer, x, cfg, step)                                 # residual add
+            if self.check_numerics:
+                validate.check_finite(x, f"{self.path.name}: layer {i}'s output")
+        return x
+
+    def _step(self, segments: list[Segment], n: int,
+              per_row: bool) -> tuple[Step, Tape | None]:
+        """The step's RoPE angles (each row's position) and its workspace; for a decode
+        step, this thread's tape (tape.py), its buffers refreshed for this step."""
+        ws = self._workspace(n)
+        tape = (self._tape(ws) if n == 1 and len(segments) == 1 and not per_row
+                else None)
+        if tape is not None:
+            cos, sin = self.rope.span(segments[0].pos0, 1)
+            np.copyto(tape.cos, cos)
+            np.copyto(tape.sin, sin)
+            tape.segments[0] = segments[0]
+            cos, sin, segments = tape.cos, tape.sin, tape.segments
+        elif len(segments) == 1:
             cos, sin = self.rope.span(segments[0].pos0, n)            # [n, D/2] x2
         else:
             cos, sin = self.rope.at(np.concatenate(
                 [np.arange(s.pos0, s.pos0 + s.stop - s.start) for s in segments]))
-        return Step(segments, cos, sin, per_row, self._workspace(n))
+        step = Step(segments, cos, sin, per_row, ws,
+                    NO_WORKSPACE if ws is None else ws.view(n),
+                    1.0 / np.sqrt(self.config.head_dim))
+        return step, tape
+
+    def _embed(self, ids: np.ndarray, tape: Tape | None) -> np.ndarray:
+        """The ids' embedding rows `[n, hidden]` (in the tape's buffer if taping)."""
+        rows = self.embedding.rows(ids)
+        if tape is None:
+            return rows
+        np.copyto(tape.x, rows)
+        return tape.x
+
+    def _tape(self, ws: Workspace | None) -> Tape | None:
+        """This thread's recorded decode step, if still valid (same workspace, level,
+        config and layers; `forget_tape`), else a new one to record; None when the
+        blocks must run as they are (`replay_decode` off, profiling, check_numerics,
+        no workspace)."""
+        if (ws is None or not self.replay_decode or self.profile is not None
+                or self.check_numerics):
+            return None
+        key = (id(ws), isa.level, id(self.config), Layer.edits, self._tape_epoch)
+        tape = getattr(self._local, "tape", None)
+        if tape is None or tape.key != key:
+            cfg = self.config
+            tape = self._local.tape = Tape(
+                key, ws, cfg, np.empty((1, cfg.hidden_size), np.float32), [None],
+                np.empty((1, cfg.head_dim // 2), np.float32),
+                np.empty((1, cfg.head_dim // 2), np.float32))
+        return tape
+
+    def forget_tape(self) -> None:
+        """Record the decode step again (after changing weights in place: the tape
+        holds the arrays it saw)."""
+        self._tape_epoch += 1
 
     def _non_finite(self, stage: str) -> NonFiniteValues:
         """A non-finite activation stops the int8 quantizers (quant.NonFiniteActivations,
@@ -341,8 +410,9 @@ class Model:
                                "check_numerics=True names the layer)")
 
     def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
+        """The final norm and the lm_head: `[rows, vocab]` (a new array)."""
         h = rms_norm(x, self.output_norm, self.config.rms_norm_eps,
-                     out=step.buffers(len(x)).h)                     # [rows, hidden]
+                     out=step.ws.h)                                  # [rows, hidden]
         return self.output(h, step.path)                             # [rows, vocab]
 
     def _workspace(self, n: int) -> Workspace | None:
@@ -358,8 +428,12 @@ class Model:
         self._local.workspace = Workspace(self.config, n)
         return self._local.workspace
 
-    def _blocks(self):
-        """The two block functions, timed per stage into `profile` when profiling."""
+    def _blocks(self, tape: Tape | None = None):
+        """The two block functions: recording into `tape` (a decode step's first run),
+        or timed per stage into `profile` when profiling."""
+        if tape is not None:
+            return (partial(tape.record, "attention", attention_block),
+                    partial(tape.record, "ffn", ffn_block))
         if self.profile is None:
             return attention_block, ffn_block
         return (lambda *a: self._timed("attention", attention_block, *a),

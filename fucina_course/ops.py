@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from .quant._intrinsics import f32_as_u32, u32_as_f32
+from .tape import call, fresh
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
@@ -30,9 +31,21 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float,
     if out is None:
         x = np.ascontiguousarray(x, dtype=np.float32)
         out = np.empty_like(x)
-    d = x.shape[-1]
-    _rms_norm_rows(x.reshape(-1, d), weight, np.float32(eps), out.reshape(-1, d))
+    eps32 = _as_f32.get(eps)
+    if eps32 is None:       # (np.float32() alone costs ~0.5 us; a decode layer has 2-4)
+        eps32 = _as_f32[eps] = np.float32(eps)
+    if x.ndim == 2:                       # [rows, dim] already (decode: no reshape)
+        call(_rms_norm_rows, x, weight, eps32, out)
+    elif x.ndim == 3 and len(x) == 1:     # one token's heads (decode)
+        call(_rms_norm_rows, x[0], weight, eps32, out[0])
+    else:
+        d = x.shape[-1]
+        fresh()                           # (the reshape may copy)
+        _rms_norm_rows(x.reshape(-1, d), weight, eps32, out.reshape(-1, d))
     return out
+
+
+_as_f32: dict = {}         # eps -> np.float32(eps)
 
 
 @njit(cache=True)
@@ -81,9 +94,10 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str,
         raise ValueError(f"unknown RoPE style {style!r}")
     if not x.flags.c_contiguous:    # (one layout: one compiled kernel)
         x = np.ascontiguousarray(x, dtype=np.float32)
+        fresh()
     if out is None:
         out = np.empty_like(x)
-    _rope(x, cos, sin, style == "neox", out)
+    call(_rope, x, cos, sin, style == "neox", out)
     return out
 
 
@@ -149,6 +163,11 @@ def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> n
     be column views of one fused gate/up product: numpy's passes (a copy of each view,
     exp, add, divide, multiply) took ~2 ms a layer in a `[256, 3072]` prefill, 3% of a
     Qwen3-0.6B Q4_K pp256.  `out`: a C-contiguous float32 `[n, ffn]` to write into."""
+    if (out is not None and len(out) == 1 and gate.flags.c_contiguous
+            and up.flags.c_contiguous):                                  # decode
+        call(_swiglu_one, gate[0], up[0], out)    # (one row of a fused product)
+        return out
+    fresh()
     shape = np.shape(gate)
     gate, up = _rows(gate), _rows(up)
     if out is None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 from dataclasses import replace
 from itertools import groupby
 from threading import get_ident
+from typing import NamedTuple
 
 import numpy as np
 
@@ -39,9 +40,11 @@ from . import quant
 from .quant import isa
 from .errors import ShapeMismatch
 from .gguf_file import GGUFFile, TensorInfo
+from .tape import call, fresh
 
 
 _UNBOUND = (None, None)
+_F32 = np.dtype(np.float32)
 
 
 class _Product:
@@ -54,28 +57,45 @@ class _Product:
     a call, ~5% of a SmolLM2 decode step.  More rows run `quant.matmul`."""
 
     _bound: dict      # {thread id: (isa level, bound kernel)}
+    _outs: dict       # {id(out): (out, level, thread id, bound kernel, out's row)}
 
     matrix: quant.QuantMatrix | quant.MultiMatrix
     bias: np.ndarray | None
 
-    def _multiply(self, x: np.ndarray, path: str, out: np.ndarray | None) -> np.ndarray:
+    def _multiply(self, x: np.ndarray, path: str = "auto",
+                  out: np.ndarray | None = None) -> np.ndarray:
         """x `[n, n_in]` -> `[n, n_out]` (+ bias), into `out` (C-contiguous) if given."""
         if len(x) == 1:
             if out is None:
                 out = np.empty((1, self.matrix.n_out), np.float32)          # [1, n_out]
-            flags = x.flags
-            if not (flags.c_contiguous and flags.writeable and x.dtype == np.float32):
-                x = np.array(x, np.float32)    # the kernel's one argument type
-            level, kernel = self._bound.get(get_ident(), _UNBOUND)
-            if level != isa.level:      # per thread: a bound kernel has its scratch
-                level, kernel = self._bound[get_ident()] = (
-                    isa.level, quant.bound_matvec(self.matrix))
-            kernel(x, out[0])
+                self._kernel()(_vector(x), out[0])
+            else:                           # a workspace's buffer: bound to it once
+                kernel, row = self._bound_to(out)
+                call(kernel, _vector(x), row)
         else:
             out = quant.matmul(self.matrix, x, out, path=path)               # [n, n_out]
         if self.bias is not None:
-            out += self.bias
+            call(np.add, out, self.bias, out)
         return out
+
+    def _bound_to(self, out: np.ndarray) -> tuple:
+        """(this thread's bound kernel, out's row) for one-row products into `out`."""
+        got = self._outs.get(id(out))
+        if (got is None or got[0] is not out or got[1] is not isa.level
+                or got[2] != get_ident()):
+            if len(self._outs) >= 8:        # (buffers of other threads, long gone)
+                self._outs.clear()
+            got = self._outs[id(out)] = (out, isa.level, get_ident(), self._kernel(),
+                                         out[0])
+        return got[3], got[4]
+
+    def _kernel(self):
+        """The matrix x vector kernel bound for this thread at the current level."""
+        level, kernel = self._bound.get(get_ident(), _UNBOUND)
+        if level is not isa.level:      # per thread: a bound kernel has its scratch
+            level, kernel = self._bound[get_ident()] = (
+                isa.level, quant.bound_matvec(self.matrix))
+        return kernel
 
 
 class LinearWeight(_Product):
@@ -91,7 +111,7 @@ class LinearWeight(_Product):
         self.matrix = quant.QuantMatrix.from_tensor(info)
         self.bias = (None if bias is None
                      else np.ascontiguousarray(bias, dtype=np.float32))
-        self._bound = {}
+        self._bound, self._outs = {}, {}
 
     @property
     def name(self) -> str:
@@ -105,10 +125,8 @@ class LinearWeight(_Product):
     def nbytes(self) -> int:
         return self.info.n_bytes
 
-    def __call__(self, x: np.ndarray, path: str = "auto",
-                 out: np.ndarray | None = None) -> np.ndarray:
-        """x `[n, n_in]` -> `[n, n_out]` (+ bias), into `out` if given."""
-        return self._multiply(x, path, out)
+    # x `[n, n_in]` -> `[n, n_out]` (+ bias), into `out` (C-contiguous) if given
+    __call__ = _Product._multiply
 
     def rows(self, ids) -> np.ndarray:
         """Dequantize rows `ids` only (embedding lookup): float32 `[len(ids), n_in]`."""
@@ -127,23 +145,81 @@ class FusedLinear:
         # one group: every part in one kernel call (moe.py reads its MultiMatrix)
         self.fused = self.groups[0].matrix if len(self.groups) == 1 else None
         self.n_out = sum(p.n_out for p in parts)
+        self._layouts: dict[int, _Layout] = {}    # id(out) -> where what goes
 
-    def __call__(self, x: np.ndarray, path: str = "auto",
-                 out: np.ndarray | None = None) -> list[np.ndarray]:
+    def __call__(self, x: np.ndarray, path: str = "auto", out: np.ndarray | None = None,
+                 head_dim: int | None = None) -> list[np.ndarray]:
         """x `[n, n_in]` -> one `[n, n_out_i]` array per part (views of one result per
-        group).  `out`: a flat float32 buffer of at least n * `n_out` values; group g's
+        group); with `head_dim`, `[n, n_out_i / head_dim, head_dim]` (attention's
+        heads).  `out`: a flat float32 buffer of at least n * `n_out` values; group g's
         result is the C-contiguous `[n, n_out_g]` block after the previous groups'."""
-        n, parts, start = len(x), [], 0
-        for g in self.groups:
-            y = None
-            if out is not None:
-                y = out[start:start + n * g.n_out].reshape(n, g.n_out)
+        n = len(x)
+        if out is None:
+            parts = []
+            for g in self.groups:
+                y = g._multiply(x, path, None)                         # [n, n_out_g]
+                # views by slicing: np.split took 5 us a call, 1 us this (2% of a
+                # SmolLM2 token)
+                parts += [y[:, a:b] for a, b in g.bounds]
+            return parts if head_dim is None else [_heads(p, head_dim) for p in parts]
+        layout = self._layout(out, n, head_dim)
+        if n == 1:                          # decode: the kernels bound to the buffers
+            x = _vector(x)
+            for kernel, y, row, bias in layout.calls:
+                call(kernel, x, row)
+                if bias is not None:
+                    call(np.add, y, bias, y)
+        else:
+            for g, y in zip(self.groups, layout.blocks):
+                g._multiply(x, path, y)
+        return layout.parts
+
+    def _layout(self, out: np.ndarray, n: int, head_dim: int | None) -> "_Layout":
+        """Where each group writes in `out` for n rows, each part's view, and for one
+        row each group's bound kernel: worked out once per buffer, row count, thread
+        and level, since a step's workspace is the same buffer every time (the slicing
+        and lookups cost ~3 us a call, ~1% of a SmolLM2 token)."""
+        got = self._layouts.get(id(out))
+        if (got is None or got.out is not out or got.n != n or got.level is not isa.level
+                or got.thread != get_ident() or got.head_dim != head_dim):
+            blocks, start = [], 0
+            for g in self.groups:
+                blocks.append(out[start:start + n * g.n_out].reshape(n, g.n_out))
                 start += n * g.n_out
-            y = g._multiply(x, path, y)                                # [n, n_out_g]
-            # views by slicing: np.split took 5 us a call, 1 us this (2% of a SmolLM2
-            # token)
-            parts += [y[:, a:b] for a, b in g.bounds]
-        return parts
+            parts = [y[:, a:b] for g, y in zip(self.groups, blocks) for a, b in g.bounds]
+            if head_dim is not None:
+                parts = [_heads(p, head_dim) for p in parts]
+            calls = [(g._kernel(), y, y[0], g.bias) for g, y in zip(self.groups, blocks)]
+            if len(self._layouts) >= 8:     # (a long prefill's one-off buffers)
+                self._layouts.clear()
+            got = self._layouts[id(out)] = _Layout(out, n, get_ident(), head_dim,
+                                                   isa.level, blocks, parts, calls)
+        return got
+
+
+class _Layout(NamedTuple):
+    out: np.ndarray
+    n: int
+    thread: int
+    head_dim: int | None
+    level: str
+    blocks: list            # each group's [n, n_out_g] block of out
+    parts: list             # each part's [n, n_out_i] view
+    calls: list             # one row: (bound kernel, block, its row, bias) per group
+
+
+def _heads(part: np.ndarray, head_dim: int) -> np.ndarray:
+    """`[n, heads * head_dim]` -> `[n, heads, head_dim]` (a view)."""
+    return part.reshape(len(part), -1, head_dim)
+
+
+def _vector(x: np.ndarray) -> np.ndarray:
+    """x as the bound kernels take it: float32, C-contiguous, writeable."""
+    flags = x.flags
+    if x.dtype is not _F32 or not (flags.c_contiguous and flags.writeable):
+        x = np.array(x, np.float32)
+        fresh()
+    return x
 
 
 class _Group(_Product):
@@ -155,7 +231,7 @@ class _Group(_Product):
         self.matrix = (quant.MultiMatrix([p.matrix for p in parts]) if len(parts) > 1
                        else parts[0].matrix)
         self.n_out = self.matrix.n_out
-        self._bound = {}
+        self._bound, self._outs = {}, {}
         ends = np.cumsum([p.n_out for p in parts]).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
         self.bias = None

@@ -14,7 +14,8 @@ each (cached, so a block pays one dict lookup).  model.py keeps one per thread (
 threads never share buffers) for steps of up to `Model.KEEP_ROWS` rows, and makes a
 fresh one for a longer prefill, whose arithmetic dwarfs an allocation.
 `NO_WORKSPACE` is the same names, all None: the ops then allocate (a MoE's experts, the
-book's calls of a single block).
+book's calls of a single block).  With the buffers fixed, a decode step's kernel calls
+have fixed arguments, so the step can be recorded once and replayed (tape.py).
 """
 
 from __future__ import annotations

@@ -211,3 +211,60 @@ def test_non_finite_activations_name_the_stage(synth_dir):
         errors.append(str(e.value))
     model.profile = None
     assert errors[0] == errors[1]
+
+
+def test_the_tape_is_recorded_again_when_the_model_changes(synth_dir):
+    """A tape holds the arrays and the config it saw: a new config (chapter 04 swaps
+    the RoPE layout), a layer's weight assigned anew, or `forget_tape` after changing
+    weights in place record the step again."""
+    model = Model.load(tiny_model("Q8_0", synth_dir))
+    prompt, tok = _ids(6, 30), 11
+
+    def step():
+        cache = model.new_cache(12)
+        model.forward_step(prompt, 0, cache)
+        model.forward_step([tok], cache.len, cache)           # recorded (or replayed)
+        return model.forward_step([tok], cache.len, cache)    # replayed
+
+    def reference():
+        with no_workspace(model):
+            cache = model.new_cache(12)
+            model.forward_step(prompt, 0, cache)
+            model.forward_step([tok], cache.len, cache)
+            return model.forward_step([tok], cache.len, cache)
+
+    from dataclasses import replace
+    from fucina_course.families import FAMILIES
+
+    step()
+    tape = model._local.tape
+    model.config = replace(model.config, family=FAMILIES["llama"])   # "normal" RoPE
+    assert np.array_equal(step(), reference()) and model._local.tape is not tape
+    layer = model.layers[1]
+    layer.ffn_norm = np.array(layer.ffn_norm) * 2                     # a new array
+    assert np.array_equal(step(), reference())
+    layer.ffn_norm *= 0.5                                             # in place
+    model.forget_tape()
+    assert np.array_equal(step(), reference())
+
+
+def test_a_block_that_makes_temporaries_is_called_again():
+    """An op that had to copy its input marks the block: replaying the copy's old
+    contents would be wrong, so the tape calls that block again."""
+    from types import SimpleNamespace
+
+    from fucina_course import tape
+
+    buffer = np.zeros((1, 4), np.float32)
+    ws = SimpleNamespace(view=lambda n: SimpleNamespace(out=buffer))
+
+    def block(x):
+        tape.fresh()                           # as ops do when they copy
+        tape.call(np.add, x, 1.0, buffer)
+        return buffer
+
+    t = tape.Tape((), ws, None, np.zeros((1, 4), np.float32), [None], None, None)
+    t.record("ffn", block, np.ones((1, 4), np.float32))
+    assert t.blocks[0][1] is None              # no calls kept: the block is called
+    t.replay(SimpleNamespace(stage=""))
+    assert np.array_equal(t.x, np.full((1, 4), 2.0))
