@@ -1,57 +1,88 @@
-"""Decode speed of two commits, A/B: the same model, level and threads, one process per
-run, the two commits alternating (the VM's speed drifts by tens of percent between
-minutes; alternating pairs see the same drift).
+"""Decode speed of two commits, A/B in one process: the same model, level and threads,
+the two versions alternating every few tokens.
 
-    python bench/ab_decode.py REV_A REV_B MODEL [--level avx2] [--rounds 10] [--tokens 32]
+    python bench/ab_decode.py REV_A REV_B MODEL [--level avx2] [--rounds 60] [--tokens 8]
 
-Each commit is checked out once into a temporary worktree (its numba cache warms in a
-first, uncounted run).  Each run loads MODEL, warms up, then times `--tokens` one-token
-`forward_step`s from position `--context`, best of 3; the report is the median over the
-rounds of B's tokens/s over A's, with the quartiles.  MODEL as for bench_vs_llama.py.
+Why one process: on these VMs the speed drifts by tens of percent from minute to
+minute and from process to process (memory placement, neighbours), and a separate
+process per run measured the same commit 0.73-1.06x itself.  Here each commit's
+`fucina_course` is copied under a name of its own (fucina_a, fucina_b: the package
+imports itself only relatively), both load MODEL, and each round times `--tokens`
+one-token `forward_step`s from position `--context` with A then B (B then A on odd
+rounds), best of 3.  The report: the median over the rounds of B's speed over A's, with
+the quartiles.  Each copy compiles its kernels once (numba's cache is per copy: the
+first run of a pair is slow).  MODEL as for bench_vs_llama.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(tempfile.gettempdir()) / "fucina_ab"     # copies kept: their kernel caches
 
 WORKER = r"""
-import json, os, sys, time
-sys.path.insert(0, os.environ["AB_BENCH"])
+import statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+import fucina_course                  # first: the OpenBLAS settings (fucina_course/__init__)
+import fucina_a, fucina_b
 from bench_vs_llama import resolve
-from fucina_course.model import Model
-model = Model.load(resolve(sys.argv[1]), threads=int(sys.argv[2]))
-context, tokens = int(sys.argv[3]), int(sys.argv[4])
-cache = model.new_cache(context + tokens + 8)
-model.forward_step(list(range(1000, 1000 + context)), 0, cache)
-best = float("inf")
-for _ in range(4):                       # the first: warm-up
+name, level, rounds, tokens, context = sys.argv[3], sys.argv[4], *map(int, sys.argv[5:8])
+path = resolve(name)
+models, caches = {}, {}
+for key, pkg in (("a", fucina_a), ("b", fucina_b)):
+    __import__(pkg.__name__ + ".model")
+    if level:
+        __import__(pkg.__name__ + ".quant.isa")
+        sys.modules[pkg.__name__ + ".quant.isa"].level = level
+    models[key] = sys.modules[pkg.__name__ + ".model"].Model.load(path)
+    caches[key] = models[key].new_cache(context + tokens + 8)
+    models[key].forward_step(list(range(1000, 1000 + context)), 0, caches[key])
+
+def run(key):
+    model, cache = models[key], caches[key]
     cache.truncate(context)
     t = time.perf_counter()
     for _ in range(tokens):
         model.forward_step([7], cache.len, cache)
-    best = min(best, time.perf_counter() - t)
-print(json.dumps({"tok_s": tokens / best}))
+    return (time.perf_counter() - t) / tokens
+
+for key in models:
+    run(key); run(key)
+ratios, seconds = [], {"a": [], "b": []}
+for r in range(rounds):
+    for key in ("a", "b") if r % 2 == 0 else ("b", "a"):
+        seconds[key].append(min(run(key) for _ in range(3)))
+    ratios.append(seconds["a"][-1] / seconds["b"][-1])
+q = statistics.quantiles(ratios, n=4)
+a, b = (statistics.median(seconds[k]) for k in "ab")
+print(f"{name} level={level or 'best'}: A {1 / a:.1f} tok/s, B {1 / b:.1f} tok/s; "
+      f"B/A speed {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
 """
 
 
-def run(tree: Path, args) -> float:
-    env = dict(os.environ, PYTHONPATH=str(tree), AB_BENCH=str(ROOT / "bench"),
-               OPENBLAS_NUM_THREADS=str(args.threads))
-    if args.level:
-        env["FUCINA_SIMD"] = args.level
-    out = subprocess.run([sys.executable, "-c", WORKER, args.model, str(args.threads),
-                          str(args.context), str(args.tokens)], env=env, cwd=tree,
-                         capture_output=True, text=True, check=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])["tok_s"]
+def copy_of(rev: str, name: str) -> Path:
+    """The package at `rev` as `<CACHE>/<rev>/<name>` (made once, kept with its numba
+    cache)."""
+    sha = subprocess.run(["git", "-C", str(ROOT), "rev-parse", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    where = CACHE / f"{sha[:12]}-{name}"
+    if not (where / name).is_dir():
+        tmp = where.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", sha, "fucina_course"],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive, check=True)
+        (tmp / "fucina_course").rename(tmp / name)
+        tmp.rename(where)
+    return where
 
 
 def main() -> None:
@@ -60,38 +91,15 @@ def main() -> None:
     ap.add_argument("rev_b")
     ap.add_argument("model")
     ap.add_argument("--level", default="")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--context", type=int, default=64)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        trees = []
-        for i, rev in enumerate((args.rev_a, args.rev_b)):
-            tree = Path(tmp) / f"tree{i}"
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach",
-                            str(tree), rev], check=True)
-            trees.append(tree)
-        try:
-            for tree in trees:
-                run(tree, args)                      # compiles, fills its caches
-            ratios, rates = [], {0: [], 1: []}
-            for r in range(args.rounds):
-                order = (0, 1) if r % 2 == 0 else (1, 0)
-                got = {i: run(trees[i], args) for i in order}
-                rates[0].append(got[0])
-                rates[1].append(got[1])
-                ratios.append(got[1] / got[0])
-                print(f"round {r + 1}: A {got[0]:.1f}  B {got[1]:.1f} tok/s  "
-                      f"B/A {ratios[-1]:.3f}", flush=True)
-        finally:
-            for tree in trees:
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                                str(tree)], check=False)
-    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-    print(f"{args.model} level={args.level or 'best'} threads={args.threads}: "
-          f"A {statistics.median(rates[0]):.1f}, B {statistics.median(rates[1]):.1f} tok/s; "
-          f"B/A median {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
+    a, b = copy_of(args.rev_a, "fucina_a"), copy_of(args.rev_b, "fucina_b")
+    sys.exit(subprocess.run(
+        [sys.executable, "-c", WORKER, str(a), str(b), args.model, args.level,
+         str(args.rounds), str(args.tokens), str(args.context)],
+        cwd=ROOT / "bench").returncode)
 
 
 if __name__ == "__main__":
