@@ -39,10 +39,11 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
 To add a model family: a record in families.py, its tensor table built from the
 tables there or its own (loading, validation and the synthetic writer follow it;
 tests/test_families.py adds a toy one), and an op in ops.py only if it computes
-something new (then its one caller in model.py's blocks).  A block format: a record in quant/formats.py plus its kernels, entered in the
-(format, level) tables of quant/matvec.py and quant/matmul.py.  An instruction set:
-a name and its CPU features in quant/isa.py, then kernels and table entries.  A sampling
-stage: a function in sampler.py and its place in `Sampler`'s fixed pipeline.
+something new (then its one caller in model.py's blocks).  A block format: a record in
+quant/formats.py, and its kernels registered to it with `@registers` (the quant
+package's docstring, "Adding a format", lists them).  An instruction set: a name and
+its CPU features in quant/isa.py, then its kernels, registered the same way.  A
+sampling stage: a function in sampler.py and its place in `Sampler`'s fixed pipeline.
 
 The names re-exported here are the public API; everything else may change between
 chapters. Importing the package is cheap on purpose: the public names are loaded on
