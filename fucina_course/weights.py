@@ -57,7 +57,6 @@ class _Product:
     a call, ~5% of a SmolLM2 decode step.  More rows run `quant.matmul`."""
 
     _bound: dict      # {thread id: (isa level, bound kernel)}
-    _outs: dict       # {id(out): (out, level, thread id, bound kernel, out's row)}
 
     matrix: quant.QuantMatrix | quant.MultiMatrix
     bias: np.ndarray | None
@@ -68,26 +67,12 @@ class _Product:
         if len(x) == 1:
             if out is None:
                 out = np.empty((1, self.matrix.n_out), np.float32)          # [1, n_out]
-                self._kernel()(_vector(x), out[0])
-            else:                           # a workspace's buffer: bound to it once
-                kernel, row = self._bound_to(out)
-                call(kernel, _vector(x), row)
+            call(self._kernel(), _vector(x), out[0])
         else:
             out = quant.matmul(self.matrix, x, out, path=path)               # [n, n_out]
         if self.bias is not None:
             call(np.add, out, self.bias, out)
         return out
-
-    def _bound_to(self, out: np.ndarray) -> tuple:
-        """(this thread's bound kernel, out's row) for one-row products into `out`."""
-        got = self._outs.get(id(out))
-        if (got is None or got[0] is not out or got[1] is not isa.level
-                or got[2] != get_ident()):
-            if len(self._outs) >= 8:        # (buffers of other threads, long gone)
-                self._outs.clear()
-            got = self._outs[id(out)] = (out, isa.level, get_ident(), self._kernel(),
-                                         out[0])
-        return got[3], got[4]
 
     def _kernel(self):
         """The matrix x vector kernel bound for this thread at the current level."""
@@ -111,7 +96,7 @@ class LinearWeight(_Product):
         self.matrix = quant.QuantMatrix.from_tensor(info)
         self.bias = (None if bias is None
                      else np.ascontiguousarray(bias, dtype=np.float32))
-        self._bound, self._outs = {}, {}
+        self._bound = {}
 
     @property
     def name(self) -> str:
@@ -163,25 +148,16 @@ class FusedLinear:
                 parts += [y[:, a:b] for a, b in g.bounds]
             return parts if head_dim is None else [_heads(p, head_dim) for p in parts]
         layout = self._layout(out, n, head_dim)
-        if n == 1:                          # decode: the kernels bound to the buffers
-            x = _vector(x)
-            for kernel, y, row, bias in layout.calls:
-                call(kernel, x, row)
-                if bias is not None:
-                    call(np.add, y, bias, y)
-        else:
-            for g, y in zip(self.groups, layout.blocks):
-                g._multiply(x, path, y)
+        for g, y in zip(self.groups, layout.blocks):
+            g._multiply(x, path, y)
         return layout.parts
 
     def _layout(self, out: np.ndarray, n: int, head_dim: int | None) -> "_Layout":
-        """Where each group writes in `out` for n rows, each part's view, and for one
-        row each group's bound kernel: worked out once per buffer, row count, thread
-        and level, since a step's workspace is the same buffer every time (the slicing
-        and lookups cost ~3 us a call, ~1% of a SmolLM2 token)."""
+        """Where each group writes in `out` for n rows, and each part's view: worked
+        out once per buffer and row count, since a step's workspace is the same buffer
+        every time (the slicing cost ~2 us a call)."""
         got = self._layouts.get(id(out))
-        if (got is None or got.out is not out or got.n != n or got.level is not isa.level
-                or got.thread != get_ident() or got.head_dim != head_dim):
+        if got is None or got.out is not out or got.n != n or got.head_dim != head_dim:
             blocks, start = [], 0
             for g in self.groups:
                 blocks.append(out[start:start + n * g.n_out].reshape(n, g.n_out))
@@ -189,23 +165,18 @@ class FusedLinear:
             parts = [y[:, a:b] for g, y in zip(self.groups, blocks) for a, b in g.bounds]
             if head_dim is not None:
                 parts = [_heads(p, head_dim) for p in parts]
-            calls = [(g._kernel(), y, y[0], g.bias) for g, y in zip(self.groups, blocks)]
             if len(self._layouts) >= 8:     # (a long prefill's one-off buffers)
                 self._layouts.clear()
-            got = self._layouts[id(out)] = _Layout(out, n, get_ident(), head_dim,
-                                                   isa.level, blocks, parts, calls)
+            got = self._layouts[id(out)] = _Layout(out, n, head_dim, blocks, parts)
         return got
 
 
 class _Layout(NamedTuple):
     out: np.ndarray
     n: int
-    thread: int
     head_dim: int | None
-    level: str
     blocks: list            # each group's [n, n_out_g] block of out
     parts: list             # each part's [n, n_out_i] view
-    calls: list             # one row: (bound kernel, block, its row, bias) per group
 
 
 def _heads(part: np.ndarray, head_dim: int) -> np.ndarray:
@@ -231,7 +202,7 @@ class _Group(_Product):
         self.matrix = (quant.MultiMatrix([p.matrix for p in parts]) if len(parts) > 1
                        else parts[0].matrix)
         self.n_out = self.matrix.n_out
-        self._bound, self._outs = {}, {}
+        self._bound = {}
         ends = np.cumsum([p.n_out for p in parts]).tolist()
         self.bounds = list(zip([0] + ends[:-1], ends))
         self.bias = None
