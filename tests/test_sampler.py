@@ -195,6 +195,89 @@ def test_whole_chain_draws_the_same_tokens_as_llama(llama):
     assert our_picks == theirs_picks
 
 
+def run_both(llama, cfg, chain, vectors):
+    """Sample with our `Sampler` and llama.cpp's `chain` side by side, each token
+    accepted into llama.cpp's samplers (the penalties' window) and into our history;
+    return (ours, theirs)."""
+    ours_s, history, ours, theirs = Sampler(cfg), [], [], []
+    for x in vectors:
+        out, sel = llama.apply(chain, np.arange(len(x)), x)
+        pick = int(out["id"][sel])
+        ours.append(ours_s.next(x, history))
+        for s in chain:
+            llama.L.llama_sampler_accept(s, pick)
+        history.append(pick)
+        theirs.append(pick)
+    return ours, theirs
+
+
+def repetitive_logits(rng, n=N_VECTORS):
+    """A fixed favourite set plus noise: the same tokens keep winning, so the
+    penalties' window is full of repeats and the penalties decide many draws."""
+    base = random_logits(rng) * 0.5
+    base[rng.choice(VOCAB, 30, replace=False)] += 6.0
+    return [base + (0.3 * rng.standard_normal(VOCAB)).astype(np.float32)
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("knobs", [
+    # the Qwen3 card's non-thinking settings with its anti-repetition advice
+    dict(temperature=0.7, top_k=20, top_p=0.8, min_p=0.0, presence_penalty=1.5,
+         repeat_last_n=64),
+    # all three penalties at once, a short window, a negative frequency penalty
+    dict(temperature=1.2, top_k=100, top_p=0.95, min_p=0.05, repeat_penalty=1.1,
+         frequency_penalty=-0.3, presence_penalty=0.7, repeat_last_n=32),
+    dict(temperature=0.9, top_k=40, top_p=0.9, min_p=0.0, frequency_penalty=0.4,
+         repeat_last_n=128),
+])
+def test_presence_and_frequency_penalties_draw_the_same_tokens_as_llama(llama, knobs):
+    """Seeded sampling under presence / frequency penalties (the knobs the
+    OpenAI-compatible API exposes): llama.cpp's chain, same seed, 1,000 tokens."""
+    cfg = SamplerConfig(seed=99, **knobs)
+    vectors = repetitive_logits(np.random.default_rng(14))
+    chain = [llama.penalties(VOCAB, cfg.repeat_last_n, cfg.repeat_penalty,
+                             cfg.frequency_penalty, cfg.presence_penalty),
+             llama.top_k(cfg.top_k), llama.temp(cfg.temperature),
+             llama.top_p(cfg.top_p, 1), llama.min_p(cfg.min_p, 1), llama.dist(99)]
+    ours, theirs = run_both(llama, cfg, chain, vectors)
+    assert ours == theirs
+    # ... and the penalties decided something: without them the tokens differ.
+    plain = Sampler(cfg.with_(repeat_penalty=1.0, frequency_penalty=0.0,
+                              presence_penalty=0.0))
+    assert [plain.next(x) for x in vectors] != ours
+
+
+def test_whole_vocabulary_is_llamas_top_k_zero(llama):
+    """max_candidates = 0 with top_k = 0 is llama.cpp's top_k = 0: every token stays
+    a candidate (top-p sorts them; llama.cpp sorts the 256 best first, then all)."""
+    cfg = SamplerConfig(temperature=1.5, top_k=0, top_p=0.95, min_p=0.0,
+                        presence_penalty=0.5, repeat_last_n=16, max_candidates=0,
+                        seed=5)
+    rng = np.random.default_rng(15)
+    vectors = [random_logits(rng) for _ in range(300)]
+    chain = [llama.penalties(VOCAB, 16, 1.0, 0.0, 0.5), llama.top_k(0),
+             llama.temp(1.5),
+             llama.top_p(0.95, 1), llama.min_p(0.0, 1), llama.dist(5)]
+    ours, theirs = run_both(llama, cfg, chain, vectors)
+    assert ours == theirs
+
+
+def test_frequency_and_presence_penalties_by_hand():
+    """count * frequency + presence, subtracted once per distinct token of the
+    window, after the repeat penalty's division (or multiplication if <= 0)."""
+    x = np.array([2.0, -1.0, 0.5, 3.0, 1.0], np.float32)
+    history = [4, 0, 0, 1, 0, 2]           # the window (last 5): 0 x3, 1 x1, 2 x1
+    cfg = SamplerConfig(repeat_penalty=2.0, frequency_penalty=0.25,
+                        presence_penalty=0.5, repeat_last_n=5)
+    out = apply_penalties(x, history, cfg)
+    assert out.tolist() == [2.0 / 2 - 3 * 0.25 - 0.5,      # -0.25
+                            -1.0 * 2 - 0.25 - 0.5,          # -2.75
+                            0.5 / 2 - 0.25 - 0.5,           # -0.5
+                            3.0,                            # not in the history
+                            1.0]                            # outside the window
+    assert x.tolist() == [2.0, -1.0, 0.5, 3.0, 1.0]        # the caller's copy
+
+
 # --- randomness --------------------------------------------------------------------
 
 def test_uniform_stream_is_std_mt19937_through_libstdcxx():
