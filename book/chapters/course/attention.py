@@ -15,9 +15,9 @@ def softmax(scores: np.ndarray) -> np.ndarray:
 def attention_head(q, k, v, scale, rounded=lambda x: x):
     """One head.  q [n, d]; k, v [m, d] -> output [n, d], probabilities [n, m].
 
-    The n queries are the last n of the m positions (m = n for a prompt; a cache adds the
-    earlier ones, chapter 6).  `rounded` is applied to the operands of the two products
-    (see the engine check)."""
+    The n queries are the last n of the m positions (m = n for a prompt; a cache adds
+    the earlier ones, chapter 6).  `rounded` is applied to the operands of the two
+    products (see the engine check)."""
     n, m = len(q), len(k)
     scores = (rounded(q) @ rounded(k).T) * np.float32(scale)  # [n, m]: query i, key j
     future = np.triu(np.ones((n, m), dtype=bool), k=m - n + 1)  # key j after query i
