@@ -164,6 +164,27 @@ _COMMANDS = {
             _arg("model", metavar="MODEL", nargs="?", default=None,
                  help=_DEFAULT_MODEL_HELP),
             "chat", "engine", "sampling"]),
+    "serve": dict(
+        help="an OpenAI-compatible HTTP server (chat, completions, responses; "
+        "concurrent requests decoded together)", func=cmd.cmd_serve, args=[
+            _arg("model", metavar="MODEL", nargs="?", default=None,
+                 help=_DEFAULT_MODEL_HELP),
+            _arg("--host", default="127.0.0.1",
+                 help="address to listen on (default 127.0.0.1: this machine only)"),
+            _arg("--port", type=int, default=8080,
+                 help="TCP port (default 8080; 0: a free one, printed at start)"),
+            _arg("--parallel", type=int, default=4, metavar="N",
+                 help="requests decoded together, each with its own KV cache "
+                 "(default 4)"),
+            _arg("--queue", type=int, default=None, metavar="N",
+                 help="requests that may wait for a slot before the server answers "
+                 "429 (default 2 x --parallel)"),
+            _arg("--ctx", type=int, help="context positions of each slot (default: "
+                 "the model's, at most 4096)"),
+            _arg("--api-key", metavar="KEY", default=None,
+                 help="require 'Authorization: Bearer KEY' on every route but "
+                 "/health (default: $FUCINA_API_KEY, else none)"),
+            "engine"]),
     "models": dict(
         help="list or fetch the named models", func=cmd.cmd_models,
         commands=(dict(dest="action", required=True), {

@@ -448,6 +448,50 @@ def cmd_repl(args) -> int:
         print(reply.stats(), file=sys.stderr, flush=True)
 
 
+# --- serve ---------------------------------------------------------------------------
+
+def cmd_serve(args) -> int:
+    """`fucina serve`: check the flags, load the model, bind the port, serve until
+    Ctrl-C or SIGTERM (which cancel the running requests: exit code 0)."""
+    from .server import Server, is_loopback
+
+    if args.parallel < 1:
+        raise FucinaError(f"--parallel must be at least 1, got {args.parallel}")
+    if args.queue is not None and args.queue < 0:
+        raise FucinaError(f"--queue must be at least 0, got {args.queue}")
+    if not 0 <= args.port <= 65535:
+        raise FucinaError(f"--port must be in 0 .. 65535, got {args.port}")
+    if args.ctx is not None and args.ctx < 2:
+        raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
+    api_key = args.api_key or os.environ.get("FUCINA_API_KEY") or None
+    _check_expert_top_p(args)
+    model = _load_model(args)
+    if model.tokenizer is None:
+        raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
+    if args.ctx is not None and args.ctx > model.config.context_length:
+        raise FucinaError(f"--ctx {args.ctx} exceeds the model's context of "
+                          f"{model.config.context_length} positions")
+    from .catalog import DEFAULT_MODEL, NAMED_MODELS
+
+    name = args.model or os.environ.get("FUCINA_MODEL") or DEFAULT_MODEL
+    model_id = name if name in NAMED_MODELS else model.path.stem   # what clients send
+    server = Server(model, model_id=model_id, host=args.host, port=args.port,
+                    parallel=args.parallel, ctx=args.ctx, cache_type=args.cache_type,
+                    queue_size=args.queue, api_key=api_key)
+    _first_start(model)
+    if not is_loopback(args.host) and api_key is None:
+        print(f"fucina: warning: listening on {args.host} without --api-key: anyone "
+              "who can reach this port can use the model", file=sys.stderr)
+    sched = server.scheduler
+    print(f"fucina: serving {model_id} at {server.url}/v1 ({sched.parallel} slots of "
+          f"{sched.capacity} positions, queue {sched.queue_size}"
+          f"{', API key required' if api_key else ''}); Ctrl-C stops",
+          file=sys.stderr, flush=True)
+    server.run()
+    print("fucina: server stopped", file=sys.stderr, flush=True)
+    return 0
+
+
 # --- models -----------------------------------------------------------------------
 
 def cmd_models(args) -> int:

@@ -1,0 +1,388 @@
+"""Continuous batching: many requests, one model, one engine thread.
+
+The server (server.py) turns each HTTP request into a `Job` (prompt ids, a sampler,
+limits, and a `sink` that receives its text) and hands it to a `Scheduler`.  One
+engine thread owns the model and `parallel` slots; each slot is a
+`chat.Conversation` (a KV cache and the ids in it), so every rule a conversation
+keeps (the ids it lists are exactly the ids in its cache; rewind, extend, step,
+end_turn are the only ways to change them) holds here too.  The loop:
+
+    admit     a waiting job takes a free slot and is prefilled there (only the ids
+              the slot's cache does not already hold: see "Prefix reuse")
+    choose    every running job samples its next token from its latest logits
+              (its own sampler and seed, stop ids, stop strings, max_tokens)
+    step      one `Conversation.step` for all jobs still running: one
+              `forward_step_batch` reads the weights once for all of them
+    leave     a job that ended (or was cancelled) gives back its slot at once
+
+So a request joins the batch at the step after its prefill and leaves at the step
+it ends; the others do not wait for it.  Rejected alternative: static batches
+(collect N requests, run them to the end together), which make a short answer wait
+for the longest one and a new request wait for the whole batch.
+
+Same tokens as alone.  Each job keeps its own `Sampler` (its own seeded stream, one
+draw per token) and its own cache, and a batched decode row is computed like a
+single decode step, so a greedy job's tokens equal the same job served alone
+(tests/test_server.py serves 4 concurrent streams and the same prompts one at a
+time and compares the texts).  A prefill runs alone (one job, its own rows), never
+mixed into a decode step, for the same reason: mixing would change the kernels a
+row goes through.
+
+Prefix reuse, across clients.  A slot keeps the ids its last job left in its cache
+(prompt and answer).  A new job takes the free slot whose cache shares the longest
+prefix with its prompt (ties: the slot used least recently) and prefills only the
+rest: the same system prompt, or the conversation so far of a client that sends its
+history again, is not recomputed.  Reuse is across clients, not per client: the
+server has no notion of a client (no session id in the OpenAI API), and a shared
+system prompt is the common case.  Its cost is a timing side channel (a client
+can tell that a prefix was recently seen); a server shared by mutually distrustful
+users should run with one slot per user or without reuse.  Measured in
+tests/test_server.py: the second request with the same system prompt prefills
+only the tokens after it (`usage.prompt_tokens_details.cached_tokens`).
+
+Load.  At most `parallel` jobs run and `queue_size` wait (default 2 x parallel);
+`submit` refuses more with `Busy` (the server's 429 with Retry-After), so memory and
+latency stay bounded whatever the clients do.  `cancel` removes a waiting job, or
+marks a running one, which gives back its slot at the next step boundary (one
+decode step at most).  `shutdown` cancels every job and ends the thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from .chat import Conversation, Reply, _Streamer, _Turn, common_prefix
+from .errors import ContextFull, FucinaError
+from .sampler import Sampler, SamplerConfig
+
+log = logging.getLogger("fucina.serve")
+
+
+class Busy(FucinaError):
+    """Every slot is running and the queue is full: try again later."""
+
+
+class ShuttingDown(FucinaError):
+    """The scheduler is stopping: no new jobs."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request: what to run, and where its results go.
+
+    `ids`: the whole prompt (a slot may already hold a prefix of it); `text`: what
+    it spells (kept with the slot's ids).  `sink(kind, payload)` is called from the
+    engine thread: ("text", str) for each piece of visible text (stop strings held
+    back until they are known not to be one), then exactly once either
+    ("done", Reply) or ("error", FucinaError).  `max_tokens`: None runs until an
+    end-of-turn id, a stop string or a full cache."""
+
+    ids: Sequence[int]
+    text: str
+    sampler: Sampler
+    sink: Callable[[str, object], None]
+    max_tokens: int | None = None
+    stop: Sequence[str] = ()
+    cancelled: bool = False
+    reason: str | None = None        # why it was cancelled ("client", "shutdown")
+    over: bool = False               # the sink got "done" or "error"
+
+    def _emit(self, kind: str, payload) -> None:
+        if self.over:
+            return
+        if kind in ("done", "error"):
+            self.over = True
+        try:
+            self.sink(kind, payload)
+        except Exception:            # a sink must never take the engine down
+            log.exception("a job's sink failed")
+
+
+class _SlotTurn(_Turn):
+    """A `chat._Turn` given its prompt as ids (already rendered and encoded by the
+    server, which needs them first: to check the context and to pick the slot).
+
+    Only the constructor differs: keep the longest common prefix of the slot's ids
+    and the prompt, prefill the rest; `prefill`, `choose`, `commit`, `finish` are
+    the conversation's own, so the serving loop and `Conversation.send` stop,
+    stream and count in the same way."""
+
+    def __init__(self, conv: Conversation, ids: Sequence[int], text: str, stream):
+        ids = list(ids)
+        keep = common_prefix(conv.tokens, ids)
+        if keep == len(ids):   # all cached: re-run the last id to get its logits
+            keep -= 1
+        new = ids[keep:]
+        capacity = conv.cache.capacity
+        if keep + len(new) + 1 > capacity:
+            raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
+                              f"a slot holds {capacity} positions")
+        self.conv, self.messages = conv, []
+        self.text, self.keep, self.new = text, keep, new
+        self.streamer = _Streamer(conv.format.tokenizer, stream, conv.stop,
+                                  conv.show_think)
+        self.ids: list[int] = []
+        self.reason: str | None = None
+        self.prefill_seconds = self.decode_seconds = 0.0
+        self._t0 = 0.0
+        self.started = False
+
+
+@dataclass(eq=False)
+class _Slot:
+    conv: Conversation
+    index: int
+    job: Job | None = None
+    turn: _SlotTurn | None = None
+    logits: object = None
+    last_used: int = 0
+
+
+@dataclass
+class Stats:
+    """What the engine did since it started (for /health and the tests)."""
+
+    jobs: int = 0                    # jobs that got a slot
+    prefilled: int = 0               # prompt ids run through the model
+    reused: int = 0                  # prompt ids found in a slot's cache
+    steps: int = 0                   # decode steps
+    rows: int = 0                    # decode rows (tokens) over all steps
+    max_rows: int = 0                # the widest step
+    rejected: int = 0                # Busy
+    cancelled: int = 0
+
+
+class Scheduler:
+    """`parallel` slots of `capacity` positions each over one model (see the module
+    docstring).  `start()` the engine thread, `submit(job)`, `cancel(job)`,
+    `shutdown()`."""
+
+    def __init__(self, model, *, parallel: int = 4, capacity: int | None = None,
+                 cache_type: str = "f16", queue_size: int | None = None):
+        if model.tokenizer is None:
+            raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
+        if parallel < 1:
+            raise FucinaError(f"parallel must be at least 1, got {parallel}")
+        queue_size = 2 * parallel if queue_size is None else queue_size
+        if queue_size < 0:
+            raise FucinaError(f"the queue size must be at least 0, got {queue_size}")
+        self.model = model
+        self.parallel, self.queue_size = parallel, queue_size
+        greedy = Sampler(SamplerConfig.greedy())          # replaced by each job's
+        self.slots = [_Slot(Conversation(model, sampler=greedy, capacity=capacity,
+                                         cache_type=cache_type, show_think=True), i)
+                      for i in range(parallel)]
+        self.capacity = self.slots[0].conv.cache.capacity
+        self.format = self.slots[0].conv.format
+        self.stats = Stats()
+        self._waiting: deque[Job] = deque()
+        self._load = 0                   # jobs submitted and not yet over
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._clock = itertools.count(1)
+        self._thread = threading.Thread(target=self._run, name="fucina-engine",
+                                        daemon=True)
+
+    # --- the other threads' side ---------------------------------------------------
+
+    def start(self) -> "Scheduler":
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, job: Job) -> None:
+        """Queue `job`; `Busy` if `parallel` jobs run and `queue_size` wait."""
+        if len(job.ids) + 1 > self.capacity:
+            raise ContextFull(f"the prompt has {len(job.ids)} tokens (+1 to answer) "
+                              f"but the context holds {self.capacity} positions")
+        with self._cv:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if self._load >= self.parallel + self.queue_size:
+                self.stats.rejected += 1
+                raise Busy(f"all {self.parallel} slots are busy and "
+                           f"{len(self._waiting)} requests are waiting")
+            self._load += 1
+            self._waiting.append(job)
+            self._cv.notify()
+
+    def cancel(self, job: Job, reason: str = "client") -> None:
+        """Stop `job` (idempotent; nothing happens to a job that is over): a waiting
+        job leaves the queue now, a running one gives back its slot at the next step
+        boundary."""
+        with self._cv:
+            if job.over or job.cancelled:
+                return
+            job.cancelled, job.reason = True, reason
+            self.stats.cancelled += 1
+            if job in self._waiting:
+                self._waiting.remove(job)
+                self._load -= 1
+                job._emit("error", FucinaError(f"cancelled ({reason})"))
+            self._cv.notify()
+
+    def shutdown(self) -> None:
+        """Cancel every job (each gets its "error") and end the engine thread."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def snapshot(self) -> dict:
+        """Slots busy and idle, jobs waiting, and the counters (a copy)."""
+        with self._cv:
+            busy = sum(s.job is not None for s in self.slots)
+            return dict(slots=self.parallel, busy=busy, idle=self.parallel - busy,
+                        waiting=len(self._waiting), capacity=self.capacity,
+                        **vars(self.stats))
+
+    # --- the engine thread ---------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while (not self._stopping and not self._waiting
+                           and not any(s.job for s in self.slots)):
+                        self._cv.wait()
+                    if self._stopping:
+                        break
+                    admitted = self._admit()
+                for slot in admitted:
+                    self._prefill(slot)
+                self._step()
+        except BaseException:            # a bug: say so, and fail every job
+            log.exception("the engine thread failed")
+            raise
+        finally:
+            self._stop_all()
+
+    def _admit(self) -> list[_Slot]:
+        """(Under the lock.)  Waiting jobs into free slots, each into the free slot
+        whose cache shares the longest prefix with its prompt."""
+        admitted = []
+        while self._waiting:
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                break
+            job = self._waiting.popleft()
+            slot = max(free, key=lambda s: (common_prefix(s.conv.tokens, job.ids),
+                                            -s.last_used))
+            slot.job = job
+            admitted.append(slot)
+        return admitted
+
+    def _prefill(self, slot: _Slot) -> None:
+        job, conv = slot.job, slot.conv
+        if job.cancelled:
+            self._release(slot, error=FucinaError(f"cancelled ({job.reason})"))
+            return
+        conv.sampler, conv.stop = job.sampler, tuple(job.stop)
+        conv.max_response_tokens = job.max_tokens
+
+        def write(text: str, _job=job) -> None:
+            _job._emit("text", text)
+
+        try:
+            turn = _SlotTurn(conv, job.ids, job.text, write)
+            slot.logits = turn.prefill()
+        except FucinaError as e:
+            self._release(slot, error=e)
+            return
+        except Exception as e:           # not the user's fault: report, keep serving
+            log.exception("prefill failed")
+            self._release(slot, error=FucinaError(f"internal error in prefill: {e}"))
+            return
+        slot.turn = turn
+        self.stats.jobs += 1
+        self.stats.prefilled += len(turn.new)
+        self.stats.reused += turn.keep
+
+    def _step(self) -> None:
+        """Sample for every running job; one forward step for those that go on."""
+        picks: list[tuple[_Slot, int]] = []
+        for slot in self.slots:
+            if slot.turn is None:
+                continue
+            if slot.job.cancelled:
+                self._finish(slot, "interrupted")
+                continue
+            try:
+                tid = slot.turn.choose(slot.logits)
+            except FucinaError as e:     # a grammar that cannot go on, bad logits
+                self._finish(slot, "error", error=e)
+                continue
+            if tid is None:
+                self._finish(slot)
+            else:
+                picks.append((slot, tid))
+        if not picks:
+            return
+        ids = [tid for _, tid in picks]
+        try:
+            out = Conversation.step([s.conv for s, _ in picks], ids)
+        except Exception as e:
+            log.exception("decode step failed")
+            for slot, _ in picks:
+                self._finish(slot, "error", error=FucinaError(f"decode failed: {e}"))
+            return
+        self.stats.steps += 1
+        self.stats.rows += len(picks)
+        self.stats.max_rows = max(self.stats.max_rows, len(picks))
+        for row, (slot, tid) in enumerate(picks):
+            slot.turn.commit(tid)
+            slot.logits = out[row]
+
+    def _finish(self, slot: _Slot, reason: str | None = None,
+                error: FucinaError | None = None) -> None:
+        """The slot's answer is over: close its turn (the cache keeps its ids for
+        the next job), report, give the slot back."""
+        reply = slot.turn.finish(reason)
+        slot.turn, slot.logits = None, None
+        if error is None and reply.stop_reason == "interrupted":
+            error = (ShuttingDown("the server is shutting down")
+                     if slot.job.reason == "shutdown"
+                     else FucinaError(f"cancelled ({slot.job.reason})"))
+        self._release(slot, reply=reply, error=error)
+
+    def _release(self, slot: _Slot, reply: Reply | None = None,
+                 error: FucinaError | None = None) -> None:
+        job = slot.job
+        with self._cv:
+            slot.job, slot.turn, slot.logits = None, None, None
+            slot.last_used = next(self._clock)
+            self._load -= 1
+        if error is not None:
+            job._emit("error", error)
+        else:
+            job._emit("done", reply)
+
+    def _stop_all(self) -> None:
+        """Shutdown (or a failed engine): every running and waiting job ends."""
+        for slot in self.slots:
+            if slot.job is not None:
+                slot.job.cancelled, slot.job.reason = True, "shutdown"
+                if slot.turn is not None:
+                    try:
+                        self._finish(slot, "interrupted")
+                        continue
+                    except Exception:
+                        log.exception("closing a turn failed")
+                self._release(slot, error=ShuttingDown("the server is shutting down"))
+        with self._cv:
+            waiting, self._waiting = list(self._waiting), deque()
+            self._load -= len(waiting)
+            self._stopping = True
+        for job in waiting:
+            job._emit("error", ShuttingDown("the server is shutting down"))
