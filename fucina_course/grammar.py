@@ -186,9 +186,13 @@ class Factory:
         if self._pristine.is_error():
             raise GrammarError(f"{description}: {self._pristine.get_error()}")
 
-    def processor(self) -> "GrammarProcessor":
-        """A fresh logit processor for one answer (stateful: never share it)."""
-        return GrammarProcessor(self._pristine.deep_copy(), self)
+    def processor(self, *, after: int | None = None) -> "GrammarProcessor":
+        """A fresh logit processor for one answer (stateful: never share it).
+
+        `after`: a token id (Qwen3's `</think>`) before which the answer is free: the
+        grammar constrains what follows it, so a thinking model thinks in prose and
+        answers in JSON.  None: the grammar holds from the first answer token."""
+        return GrammarProcessor(self._pristine.deep_copy(), self, after=after)
 
     def __repr__(self):
         return f"Factory({self.description})"
@@ -266,12 +270,14 @@ class GrammarProcessor:
     The first call remembers `len(history)` as the prompt; each later call feeds the
     ids appended since (the sampled ones) to the matcher, then masks.  So the same
     processor serves `Sampler.next` in any decode loop (`Conversation`, a batch
-    scheduler) without being told which tokens were chosen.  A fed id that the
+    scheduler) without being told which tokens were chosen.  With `after` set, the
+    logits pass untouched until that id has been sampled.  A fed id that the
     grammar does not allow (someone else picked it) raises `GrammarError`; an
     end-of-turn id ends the answer (later calls allow only end-of-turn ids)."""
 
-    def __init__(self, matcher, factory: Factory):
+    def __init__(self, matcher, factory: Factory, *, after: int | None = None):
         llg = _llg()
+        self._after = None if after is None else int(after)   # free until this id
         self._matcher = matcher
         self._factory = factory
         self._fill = llg.numpy.fill_next_token_bitmask
@@ -286,16 +292,20 @@ class GrammarProcessor:
     # what the server may ask between steps
     def is_accepting(self) -> bool:
         """Is the text so far a complete document?"""
-        return self._ended or self._matcher.is_accepting()
+        return self._after is None and (self._ended or self._matcher.is_accepting())
 
     def is_finished(self) -> bool:
         """Nothing but an end-of-turn token can follow (or one was already fed)."""
-        return self._ended or self._matcher.is_stopped()
+        return self._after is None and (self._ended or self._matcher.is_stopped())
 
     def feed(self, ids: Sequence[int]) -> None:
         """Advance the matcher over sampled ids (what `__call__` does by itself)."""
         for tid in ids:
             tid = int(tid)
+            if self._after is not None:         # still free (thinking)
+                if tid == self._after:
+                    self._after = None
+                continue
             if self._ended:
                 raise GrammarError(f"token {tid} after the end of a constrained answer")
             if tid in self._factory.stop_ids:
@@ -305,6 +315,8 @@ class GrammarProcessor:
                         f"document is complete")
                 self._ended = True
                 continue
+            if not 0 <= tid < self._n:
+                raise GrammarError(f"token {tid} is outside the vocabulary ({self._n})")
             if not self._matcher.consume_token(tid):
                 raise GrammarError(f"{self._factory.description}: token {tid} "
                                    f"({self._factory.tokenizer.token_bytes[tid]!r}) is "
@@ -336,6 +348,9 @@ class GrammarProcessor:
         elif n_hist > self._seen:
             self.feed(history[self._seen:])
             self._seen = n_hist
+        if self._after is not None:
+            self.last_allowed = None
+            return logits
         ok = self.allowed()
         x = np.asarray(logits)
         n = x.shape[0]

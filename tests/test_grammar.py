@@ -264,3 +264,20 @@ def test_unsupported_schema_raises_with_the_reason(tok, schema, reason):
 def test_malformed_response_format_raises(tok, fmt):
     with pytest.raises(GrammarError):
         compile_response_format(fmt, tok)
+
+
+def test_free_until_after_token(person, tok):
+    """`processor(after=</think>-like id)`: untouched logits while thinking, the
+    grammar from the token after it."""
+    vocab = len(tok.token_bytes)
+    close = tok.token_id("<|im_start|>")       # any special id stands in for </think>
+    p = person.processor(after=close)
+    x = np.zeros(vocab, np.float32)
+    hist = [0]
+    assert np.isfinite(p(x.copy(), hist)).all()
+    hist += [tok.token_id("hello")]
+    assert np.isfinite(p(x.copy(), hist)).all() and not p.is_accepting()
+    hist += [close]
+    out = p(x.copy(), hist)
+    assert np.isfinite(out).sum() < vocab and np.isfinite(out[tok.token_id("{")])
+    assert not np.isfinite(out[tok.token_id("hello")])
