@@ -48,3 +48,18 @@ class CourseKvCache:
     def layer_view(self, layer: int, upto: int):    # for the decode kernel
         return KvView(self.k[layer].view(np.uint16), self.v[layer].view(np.uint16),
                       None, None, upto)
+
+
+def filled_cache(model, n: int, cache_type: str = "f16", seed: int = 0):
+    """A cache of `model` holding n positions (n a multiple of 256), for timing only:
+    one block of 256 random K and V rows, appended again and again, no prefill run."""
+    cfg = model.config
+    rng = np.random.default_rng(seed)
+    shape = (2, 256, cfg.num_kv_heads, cfg.head_dim)   # K, V: [256, kv_heads, head_dim]
+    k, v = rng.standard_normal(shape, dtype=np.float32)
+    cache = model.new_cache(n + 1, cache_type)            # room for the step's own row
+    for _ in range(n // 256):
+        for layer in range(cfg.num_layers):
+            cache.append_layer(layer, k, v)
+        cache.advance(256)
+    return cache
