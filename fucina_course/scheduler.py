@@ -25,8 +25,8 @@ draw per token) and its own cache, and a batched decode row is computed like a
 single decode step, so a greedy job's tokens equal the same job served alone
 (tests/test_server.py serves 4 concurrent streams and the same prompts one at a
 time and compares the texts).  A prefill runs alone (one job, its own rows), never
-mixed into a decode step, for the same reason: mixing would change the kernels a
-row goes through.
+mixed into a decode step, and row by row (`_ExactPrefill`), so neither the batch
+nor what a slot had cached changes the numbers a request's tokens come from.
 
 Prefix reuse, across clients.  A slot keeps the ids its last job left in its cache
 (prompt and answer).  A new job takes the free slot whose cache shares the longest
@@ -133,6 +133,37 @@ class _SlotTurn(_Turn):
         self.started = False
 
 
+class _ExactPrefill:
+    """The model, as a slot's conversation sees it: a prompt of several tokens is
+    prefilled with `per_row=True`, every row computed exactly as a decode step.
+
+    Why: the fast prefill's last bits depend on how the prompt is split (which
+    rows are in the step, which are already cached): measured on the default model,
+    the logits after a 36-token chat prompt prefilled whole, or as 35 cached + 1 or
+    34 + 2 new, differ by up to 0.31, and a completion's greedy continuation
+    flipped (" Paris. Paris is" whole, " Paris. The capital" after a prefix hit).
+    Per row, the result is the same for every split (checked bit for bit for
+    splits 1..9 of 20-, 40- and 70-token prompts), so prefix reuse and batching
+    never change a request's tokens: they are a function of its prompt and
+    sampler alone.  Cost: none measurable where "auto" runs the multi-row kernels
+    anyway (below 256 rows at avx512vnni: 40 / 200 / 300 tokens took 1.2-1.7 /
+    6.3-7.0 / 9.9-11.1 s per row against 1.7-2.1 / 6.4-6.5 / 9.4-10.7 s, busy
+    2-core Xeon, 2026-12-02); more for long prompts where BLAS would have taken
+    over.  Rejected alternative: keep the fast prefill and only reuse prefixes
+    that leave a long enough suffix; no suffix length made the last row exact
+    for every prompt length (the kernels tile rows)."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def forward_step(self, ids, pos0, cache, *, per_row: bool = False):
+        return self._model.forward_step(ids, pos0, cache,
+                                        per_row=per_row or len(ids) > 1)
+
+
 @dataclass(eq=False)
 class _Slot:
     conv: Conversation
@@ -160,10 +191,12 @@ class Stats:
 class Scheduler:
     """`parallel` slots of `capacity` positions each over one model (see the module
     docstring).  `start()` the engine thread, `submit(job)`, `cancel(job)`,
-    `shutdown()`."""
+    `shutdown()`.  `exact_prefill` (default): prefill row by row, so that a
+    request's tokens do not depend on what the slot had cached (`_ExactPrefill`)."""
 
     def __init__(self, model, *, parallel: int = 4, capacity: int | None = None,
-                 cache_type: str = "f16", queue_size: int | None = None):
+                 cache_type: str = "f16", queue_size: int | None = None,
+                 exact_prefill: bool = True):
         if model.tokenizer is None:
             raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
         if parallel < 1:
@@ -174,7 +207,8 @@ class Scheduler:
         self.model = model
         self.parallel, self.queue_size = parallel, queue_size
         greedy = Sampler(SamplerConfig.greedy())          # replaced by each job's
-        self.slots = [_Slot(Conversation(model, sampler=greedy, capacity=capacity,
+        exact = _ExactPrefill(model) if exact_prefill else model
+        self.slots = [_Slot(Conversation(exact, sampler=greedy, capacity=capacity,
                                          cache_type=cache_type, show_think=True), i)
                       for i in range(parallel)]
         self.capacity = self.slots[0].conv.cache.capacity

@@ -1,0 +1,481 @@
+"""`fucina serve`, driven the way its users drive it: the official `openai` client.
+
+The servers run in this process (server.Server.start: uvicorn in a thread, the
+engine thread beside it) over one model loaded once, so that several servers with
+different settings cost no extra load; one test starts the real command in a
+subprocess for the CLI and SIGTERM.  Answers are short (a few tokens): the suite is
+about the protocol, batching and load, not about the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from fucina_course.chat import ChatFormat, Conversation          # noqa: E402
+from fucina_course.sampler import SamplerConfig                  # noqa: E402
+from fucina_course.server import Server, ThinkSplitter           # noqa: E402
+
+MODEL = "qwen2.5-coder-0.5b"
+QUESTION = "What is the capital of France?"
+CTX = 384
+
+
+@pytest.fixture(scope="module")
+def model(coder_path):
+    from fucina_course.model import Model
+
+    return Model.load(coder_path)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    with Server(model, model_id=MODEL, port=0, parallel=4, ctx=CTX,
+                max_body=64 << 10) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def single(model):
+    """One slot, one place in the queue: the load tests."""
+    with Server(model, model_id=MODEL, port=0, parallel=1, ctx=CTX,
+                queue_size=1) as s:
+        yield s
+
+
+def client_of(server, **kw) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=kw.pop("api_key", "none"),
+                         max_retries=0, timeout=120, **kw)
+
+
+def ask(client, question=QUESTION, **kw):
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 10)
+    return client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], **kw)
+
+
+def streamed(client, question=QUESTION, **kw) -> tuple[str, list]:
+    kw.setdefault("temperature", 0)
+    kw.setdefault("max_tokens", 10)
+    chunks = list(client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": question}], stream=True,
+        **kw))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    return text, chunks
+
+
+def wait_idle(server, timeout=10.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = httpx.get(server.url + "/health").json()
+        if health["busy"] == 0 and health["waiting"] == 0:
+            return health
+        assert time.monotonic() < deadline, f"slots still busy: {health}"
+        time.sleep(0.05)
+
+
+# --- the routes -------------------------------------------------------------------------
+
+def test_models_and_health(server):
+    client = client_of(server)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert client.models.retrieve(MODEL).id == MODEL
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["slots"] == 4
+    assert health["capacity"] == CTX
+
+
+def test_plain_chat_is_the_engines_answer(server, model):
+    reply = ask(client_of(server), max_tokens=12)
+    conv = Conversation(model, sampler=SamplerConfig.greedy(), capacity=CTX,
+                        max_response_tokens=12)
+    alone = conv.send(QUESTION)
+    choice = reply.choices[0]
+    assert choice.message.content == alone.text
+    assert "Paris" in choice.message.content
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason == "stop"
+    # real token counts: the rendered prompt, and every sampled token (the answer's
+    # ids and the end marker)
+    fmt = ChatFormat(model.tokenizer)
+    prompt = model.tokenizer.encode_raw(
+        fmt.render([{"role": "user", "content": QUESTION}]))
+    assert reply.usage.prompt_tokens == len(prompt)
+    assert reply.usage.completion_tokens == len(alone.ids) + 1
+    assert reply.usage.total_tokens == len(prompt) + len(alone.ids) + 1
+
+
+def test_stream_equals_plain_and_reports_usage(server):
+    client = client_of(server)
+    plain = ask(client, seed=7, max_tokens=6)
+    text, chunks = streamed(client, seed=7, max_tokens=6,
+                            stream_options={"include_usage": True})
+    assert text == plain.choices[0].message.content
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 3
+    finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finals[-1] == "length" and set(finals[:-1]) == {None}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_stop_strings_and_sampling_knobs(server):
+    client = client_of(server)
+    reply = ask(client, stop=[" of"], max_tokens=10)
+    assert reply.choices[0].message.content == "The capital"
+    assert reply.choices[0].finish_reason == "stop"
+    text, _ = streamed(client, stop=" of", max_tokens=10)
+    assert text == "The capital"
+    # the knobs reach the sampler: seeded sampling is repeatable, and llama.cpp's
+    # extras (top_k, min_p, repeat_penalty) are accepted
+    kw = dict(temperature=1.0, seed=3, top_p=0.9, max_tokens=5, presence_penalty=0.5,
+              frequency_penalty=0.5,
+              extra_body={"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1})
+    a = ask(client, "Name a color.", **kw).choices[0].message.content
+    b = ask(client, "Name a color.", **kw).choices[0].message.content
+    assert a == b and a
+
+
+def test_completions_plain_and_streamed(server, model):
+    client = client_of(server)
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                      temperature=0)
+    ids = model.tokenizer.encode(prompt)
+    expected = model.generate(ids, 4, stop_ids=set())
+    assert plain.choices[0].text == model.tokenizer.decode(expected)
+    assert "Paris" in plain.choices[0].text
+    assert plain.choices[0].finish_reason == "length"
+    assert plain.usage.prompt_tokens == len(ids) and plain.usage.completion_tokens == 4
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=4,
+                                            temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_responses_plain_and_streamed(server):
+    client = client_of(server)
+    kw = dict(model=MODEL, input=QUESTION, instructions="Answer in one sentence.",
+              max_output_tokens=8, temperature=0)
+    plain = client.responses.create(**kw)
+    assert "Paris" in plain.output_text
+    assert plain.status in ("completed", "incomplete")
+    assert plain.usage.output_tokens <= 8 and plain.usage.input_tokens > 10
+    events = list(client.responses.create(stream=True, **kw))
+    types = [e.type for e in events]
+    assert types[0] == "response.created" and types[-1] in (
+        "response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == plain.output_text
+    assert events[-1].response.output_text == plain.output_text
+    # messages as input
+    again = client.responses.create(model=MODEL, max_output_tokens=8, temperature=0,
+                                    input=[{"role": "system",
+                                            "content": "Answer in one sentence."},
+                                           {"role": "user", "content": [
+                                               {"type": "input_text",
+                                                "text": QUESTION}]}])
+    assert again.output_text == plain.output_text
+
+
+# --- batching -----------------------------------------------------------------------------
+
+PROMPTS = ["What is the capital of France?", "What is 2 + 2?",
+           "Name a primary color.", "Write a Python comment."]
+
+
+def test_concurrent_greedy_streams_equal_one_at_a_time(server):
+    client = client_of(server)
+    wait_idle(server)
+    alone = [ask(client, p, max_tokens=8).choices[0].message.content for p in PROMPTS]
+    before = dict(server.scheduler.snapshot())
+    texts: list = [None] * len(PROMPTS)
+    start = threading.Barrier(len(PROMPTS))
+
+    def run(i):
+        start.wait()
+        texts[i], _ = streamed(client, PROMPTS[i], max_tokens=8)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(PROMPTS))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert texts == alone
+    after = server.scheduler.snapshot()
+    # they were decoded together: some steps carried several requests' rows
+    assert after["max_rows"] >= 2
+    assert after["rows"] - before["rows"] > after["steps"] - before["steps"]
+
+
+def test_prefix_reuse_across_requests(server):
+    client = client_of(server)
+    wait_idle(server)
+    system = ("You are a terse assistant for a geography quiz. " * 8).strip()
+    msgs = lambda q: [{"role": "system", "content": system},   # noqa: E731
+                      {"role": "user", "content": q}]
+    first = client.chat.completions.create(model=MODEL, messages=msgs("Capital of Peru?"),
+                                           max_tokens=2, temperature=0)
+    before = server.scheduler.snapshot()["prefilled"]
+    second = client.chat.completions.create(model=MODEL,
+                                            messages=msgs("Capital of Chile?"),
+                                            max_tokens=2, temperature=0)
+    prefilled = server.scheduler.snapshot()["prefilled"] - before
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    n_system = len(server.scheduler.model.tokenizer.encode_raw(system))
+    # the system prompt (and the template's markers around it) came from a slot's
+    # cache: only the new question was prefilled
+    assert cached > n_system
+    assert prefilled == second.usage.prompt_tokens - cached
+    assert prefilled < 15 < first.usage.prompt_tokens
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def post(server, path, body, **kw):
+    data = body if isinstance(body, (bytes, str)) else json.dumps(body)
+    return httpx.post(server.url + path, content=data,
+                      headers={"Content-Type": "application/json"}, timeout=60, **kw)
+
+
+def is_openai_error(r, status, param=None):
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2}
+    is_openai_error(post(server, "/v1/chat/completions", '{"model": '), 400)
+    is_openai_error(post(server, "/v1/chat/completions", "[1, 2]"), 400)
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "max_tokens": "5"}),
+                    400, "max_tokens")
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "stream": "yes"}),
+                    400, "stream")
+    is_openai_error(post(server, "/v1/chat/completions",
+                         {**chat, "messages": [{"role": "user", "content": 5}]}),
+                    400, "messages[0].content")
+    is_openai_error(post(server, "/v1/chat/completions", {"model": MODEL}), 400,
+                    "messages")
+    nan = json.dumps(chat)[:-1] + ', "temperature": NaN}'
+    is_openai_error(post(server, "/v1/chat/completions", nan), 400, "temperature")
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "top_p": 0}), 400,
+                    "top_p")
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "n": 2}), 400, "n")
+    is_openai_error(post(server, "/v1/chat/completions",
+                         {**chat, "messages": [{"role": "tool", "content": "x"}]}),
+                    400, "messages[0].role")
+    is_openai_error(post(server, "/v1/chat/completions",
+                         {**chat, "messages": [{"role": "user", "content": [
+                             {"type": "image_url", "image_url": {"url": "x"}}]}]}),
+                    400, "messages[0].content[0]")
+    long = {**chat, "messages": [{"role": "user", "content": "word " * (CTX + 10)}]}
+    err = is_openai_error(post(server, "/v1/chat/completions", long), 400, "messages")
+    assert err["code"] == "context_length_exceeded"
+    is_openai_error(post(server, "/v1/completions",
+                         {"model": MODEL, "prompt": "x " * (CTX + 10)}), 400, "prompt")
+    is_openai_error(post(server, "/v1/chat/completions", b"{" + b" " * (65 << 10) + b"}"),
+                    413)
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "model": "gpt-9"}),
+                    404, "model")
+    is_openai_error(post(server, "/v1/nothing", chat), 404)
+    # the official client raises its own classes for them
+    client = client_of(server)
+    with pytest.raises(openai.BadRequestError):
+        ask(client, max_tokens=0)
+    with pytest.raises(openai.BadRequestError):
+        ask(client, max_completion_tokens=0)
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-9", max_tokens=2,
+                                       messages=[{"role": "user", "content": "hi"}])
+    # and the server still answers
+    assert "Paris" in ask(client, max_tokens=8).choices[0].message.content
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+
+
+# --- load: the queue, cancellation, the key ---------------------------------------------------
+
+def open_stream(server, question, max_tokens):
+    """A raw streaming request, started and read up to its first content chunk."""
+    http = httpx.Client(timeout=60)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": question}],
+            "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    cm = http.stream("POST", server.url + "/v1/chat/completions", json=body)
+    response = cm.__enter__()
+    assert response.status_code == 200
+    return http, cm, response
+
+
+def test_full_slots_and_queue_answer_429(single):
+    wait_idle(single)
+    http_a, cm_a, a = open_stream(single, "Count from 1 to 100.", 300)
+    lines = a.iter_lines()
+    next(line for line in lines if '"content": "' in line and '""' not in line)
+    http_b, cm_b, b = open_stream(single, "Count from 1 to 50.", 300)   # queued
+    health = httpx.get(single.url + "/health").json()
+    assert (health["busy"], health["waiting"]) == (1, 1)
+    client = client_of(single)
+    with pytest.raises(openai.RateLimitError) as info:
+        ask(client, max_tokens=2)
+    assert info.value.response.headers["retry-after"] == "1"
+    assert info.value.response.json()["error"]["code"] == "rate_limit_exceeded"
+    for cm, http in ((cm_b, http_b), (cm_a, http_a)):
+        cm.__exit__(None, None, None)
+        http.close()
+    wait_idle(single)
+
+
+def test_a_client_that_disconnects_frees_its_slot(single):
+    wait_idle(single)
+    rows = single.scheduler.snapshot()["rows"]
+    http, cm, response = open_stream(single, "Count from 1 to 200.", 400)
+    lines = response.iter_lines()
+    for _ in range(3):
+        next(line for line in lines if '"content"' in line)
+    t0 = time.monotonic()
+    cm.__exit__(None, None, None)                     # the client goes away
+    http.close()
+    health = wait_idle(single, timeout=5)
+    freed = time.monotonic() - t0
+    assert health["cancelled"] >= 1
+    assert health["rows"] - rows < 100            # it did not run to its 400 tokens
+    assert freed < 5
+    # the one slot is free: a new request runs at once (a full slot would queue it)
+    reply = ask(client_of(single), max_tokens=8)
+    assert "Paris" in reply.choices[0].message.content
+    # a non-streaming request abandoned by its client is cancelled too
+    try:
+        httpx.post(single.url + "/v1/chat/completions", timeout=1.0, json={
+            "model": MODEL, "max_tokens": 400, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from 1 to 200."}]})
+    except httpx.TimeoutException:
+        pass
+    wait_idle(single, timeout=5)
+
+
+def test_api_key(model):
+    with Server(model, model_id=MODEL, port=0, parallel=1, ctx=CTX,
+                api_key="sekrit") as s:
+        assert httpx.get(s.url + "/health").status_code == 200
+        for key in ("none", "sekri", "sekrit2"):
+            with pytest.raises(openai.AuthenticationError):
+                client_of(s, api_key=key).models.list()
+        r = httpx.get(s.url + "/v1/models")
+        is_openai_error(r, 401)
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        r = post(s, "/v1/chat/completions", {"model": MODEL, "messages": []})
+        assert r.status_code == 401
+        client = client_of(s, api_key="sekrit")
+        assert [m.id for m in client.models.list().data] == [MODEL]
+        assert ask(client, max_tokens=3).choices[0].message.content
+
+
+# --- structured output ------------------------------------------------------------------------
+
+def test_response_format_json_schema(server):
+    pytest.importorskip("fucina_course.grammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = {"type": "object", "properties": {"capital": {"type": "string",
+                                                           "maxLength": 12}},
+              "required": ["capital"], "additionalProperties": False}
+    client = client_of(server)
+    for temperature in (0, 1.0):
+        reply = ask(client, "What is the capital of France? Answer in JSON.",
+                    max_tokens=24, temperature=temperature, seed=1, response_format={
+                        "type": "json_schema",
+                        "json_schema": {"name": "answer", "schema": schema}})
+        assert reply.choices[0].finish_reason == "stop"
+        value = json.loads(reply.choices[0].message.content)
+        jsonschema.validate(value, schema)
+    r = post(server, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {
+            "schema": {"type": "string", "pattern": "(?=a)b"}}}})
+    is_openai_error(r, 400, "response_format")
+
+
+# --- thinking ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw, reasoning, content", [
+    ("<think>\nLet me see.\n</think>\n\nParis.", "Let me see.", "Paris."),
+    ("<think>\n\n</think>\n\nParis.", "", "Paris."),
+    ("Paris.", "", "Paris."),
+    ("<think>\nstill thinking", "still thinking", ""),
+    ("a <thin b", "", "a <thin b"),
+])
+def test_think_block_goes_to_reasoning_content(raw, reasoning, content):
+    whole = ThinkSplitter()
+    r, c = whole.push(raw)
+    r2, c2 = whole.finish()
+    assert (r + r2, c + c2) == (reasoning, content)
+    # piece by piece (as streamed deltas), the same text, never half a tag shown
+    split, rs, cs = ThinkSplitter(), [], []
+    for ch in raw:
+        r, c = split.push(ch)
+        rs.append(r)
+        cs.append(c)
+        assert "<" not in c or "<thin" in content
+    r, c = split.finish()
+    assert ("".join(rs) + r, "".join(cs) + c) == (reasoning, content)
+
+
+def test_a_template_that_opens_the_think_block():
+    split = ThinkSplitter(thinking=True)
+    r, c = split.push("I know this.\n</think>\n\nParis.")
+    r2, c2 = split.finish()
+    assert (r + r2, c + c2) == ("I know this.", "Paris.")
+
+
+# --- the command ------------------------------------------------------------------------------
+
+def test_fucina_serve_command_and_sigterm(coder_path):
+    bad = subprocess.run([sys.executable, "-m", "fucina_course", "serve", MODEL,
+                          "--parallel", "0"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip() == "fucina: error: --parallel must be at least 1, got 0"
+    proc = subprocess.Popen([sys.executable, "-m", "fucina_course", "serve", MODEL,
+                             "--port", "0", "--parallel", "2", "--ctx", str(CTX)],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert "serving qwen2.5-coder-0.5b at http://127.0.0.1:" in line, line
+        url = line.split(" at ")[1].split()[0]
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        stream = client.chat.completions.create(
+            model=MODEL, stream=True, max_tokens=300, temperature=0,
+            messages=[{"role": "user", "content": "Count from 1 to 100."}])
+        first = [next(stream) for _ in range(3)]
+        assert first[0].choices[0].delta.role == "assistant"
+        proc.send_signal(signal.SIGTERM)
+        with pytest.raises(openai.APIError):   # the stream ends with the reason
+            for _ in stream:
+                pass
+        assert proc.wait(timeout=20) == 0
+        rest = proc.stderr.read()
+        assert "Traceback" not in rest and "server stopped" in rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+if os.environ.get("FUCINA_SERVE_DEBUG"):   # pragma: no cover - local runs
+    import logging
+
+    logging.basicConfig(level=logging.INFO)
