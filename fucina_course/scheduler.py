@@ -8,7 +8,8 @@ keeps (the ids it lists are exactly the ids in its cache; rewind, extend, step,
 end_turn are the only ways to change them) holds here too.  The loop:
 
     admit     a waiting job takes a free slot and is prefilled there (only the ids
-              the slot's cache does not already hold: see "Prefix reuse")
+              the slot's cache does not already hold: see "Prefix reuse"), one
+              chunk of `prefill_chunk` ids per loop, between decode steps
     choose    every running job samples its next token from its latest logits
               (its own sampler and seed, stop ids, stop strings, max_tokens)
     step      one `Conversation.step` for all jobs still running: one
@@ -52,6 +53,7 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -131,6 +133,27 @@ class _SlotTurn(_Turn):
         self.prefill_seconds = self.decode_seconds = 0.0
         self._t0 = 0.0
         self.started = False
+        self.done = 0                    # ids of `new` prefilled so far
+
+    def prefill_some(self, n: int):
+        """Prefill up to `n` more ids of the prompt; the last logits once it is all
+        in the cache (the turn has `started`), else None.  Until then the
+        conversation's text is unknown (`extend(..., None)`) and a cancelled turn
+        is simply dropped: its ids in the cache are a valid prefix for the next."""
+        conv = self.conv
+        if self.done == 0:
+            conv.rewind(self.keep)
+            self._t_prefill = time.perf_counter()
+        chunk = self.new[self.done:self.done + n]
+        self.done += len(chunk)
+        last = self.done == len(self.new)
+        logits = conv.extend(chunk, self.text if last else None)
+        if not last:
+            return None
+        self._t0 = time.perf_counter()
+        self.prefill_seconds = self._t0 - self._t_prefill
+        self.started = True
+        return logits
 
 
 class _ExactPrefill:
@@ -196,7 +219,7 @@ class Scheduler:
 
     def __init__(self, model, *, parallel: int = 4, capacity: int | None = None,
                  cache_type: str = "f16", queue_size: int | None = None,
-                 exact_prefill: bool = True):
+                 exact_prefill: bool = True, prefill_chunk: int = 64):
         if model.tokenizer is None:
             raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
         if parallel < 1:
@@ -204,8 +227,12 @@ class Scheduler:
         queue_size = 2 * parallel if queue_size is None else queue_size
         if queue_size < 0:
             raise FucinaError(f"the queue size must be at least 0, got {queue_size}")
+        if prefill_chunk < 1:
+            raise FucinaError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.model = model
         self.parallel, self.queue_size = parallel, queue_size
+        # chunked prefill is exact only row by row; the fast path prefills whole
+        self.prefill_chunk = prefill_chunk if exact_prefill else 1 << 30
         greedy = Sampler(SamplerConfig.greedy())          # replaced by each job's
         exact = _ExactPrefill(model) if exact_prefill else model
         self.slots = [_Slot(Conversation(exact, sampler=greedy, capacity=capacity,
@@ -292,9 +319,11 @@ class Scheduler:
                         self._cv.wait()
                     if self._stopping:
                         break
-                    admitted = self._admit()
-                for slot in admitted:
-                    self._prefill(slot)
+                    self._admit()
+                for slot in self.slots:
+                    if slot.job is not None and (slot.turn is None
+                                                 or not slot.turn.started):
+                        self._prefill(slot)
                 self._step()
         except BaseException:            # a bug: say so, and fail every job
             log.exception("the engine thread failed")
@@ -302,10 +331,9 @@ class Scheduler:
         finally:
             self._stop_all()
 
-    def _admit(self) -> list[_Slot]:
+    def _admit(self) -> None:
         """(Under the lock.)  Waiting jobs into free slots, each into the free slot
         whose cache shares the longest prefix with its prompt."""
-        admitted = []
         while self._waiting:
             free = [s for s in self.slots if s.job is None]
             if not free:
@@ -314,47 +342,54 @@ class Scheduler:
             slot = max(free, key=lambda s: (common_prefix(s.conv.tokens, job.ids),
                                             -s.last_used))
             slot.job = job
-            admitted.append(slot)
-        return admitted
 
     def _prefill(self, slot: _Slot) -> None:
+        """The next chunk of a new job's prompt (the first one also opens its turn).
+
+        Chunks of `prefill_chunk` ids, one per loop: the running jobs decode a step
+        between two chunks, so a long prompt delays their next token by one chunk's
+        time, not by its whole prefill.  Rows are computed one by one
+        (`_ExactPrefill`), so the chunking does not change a single bit."""
         job, conv = slot.job, slot.conv
         if job.cancelled:
+            slot.turn = None
             self._release(slot, error=FucinaError(f"cancelled ({job.reason})"))
             return
-        conv.sampler, conv.stop = job.sampler, tuple(job.stop)
-        conv.max_response_tokens = job.max_tokens
-
-        def write(text: str, _job=job) -> None:
-            _job._emit("text", text)
-
         try:
-            turn = _SlotTurn(conv, job.ids, job.text, write)
-            slot.logits = turn.prefill()
-        except FucinaError as e:
+            if slot.turn is None:
+                conv.sampler, conv.stop = job.sampler, tuple(job.stop)
+                conv.max_response_tokens = job.max_tokens
+
+                def write(text: str, _job=job) -> None:
+                    _job._emit("text", text)
+
+                slot.turn = _SlotTurn(conv, job.ids, job.text, write)
+                self.stats.jobs += 1
+                self.stats.prefilled += len(slot.turn.new)
+                self.stats.reused += slot.turn.keep
+            slot.logits = slot.turn.prefill_some(self.prefill_chunk)
+        except Exception as e:
+            if not isinstance(e, FucinaError):   # not the user's fault: say so
+                log.exception("prefill failed")
+                e = FucinaError(f"internal error in prefill: {e}")
+            slot.turn = None
             self._release(slot, error=e)
-            return
-        except Exception as e:           # not the user's fault: report, keep serving
-            log.exception("prefill failed")
-            self._release(slot, error=FucinaError(f"internal error in prefill: {e}"))
-            return
-        slot.turn = turn
-        self.stats.jobs += 1
-        self.stats.prefilled += len(turn.new)
-        self.stats.reused += turn.keep
 
     def _step(self) -> None:
         """Sample for every running job; one forward step for those that go on."""
         picks: list[tuple[_Slot, int]] = []
         for slot in self.slots:
-            if slot.turn is None:
+            if slot.turn is None or not slot.turn.started:
                 continue
             if slot.job.cancelled:
                 self._finish(slot, "interrupted")
                 continue
             try:
                 tid = slot.turn.choose(slot.logits)
-            except FucinaError as e:     # a grammar that cannot go on, bad logits
+            except Exception as e:       # a grammar that cannot go on, bad logits
+                if not isinstance(e, FucinaError):
+                    log.exception("sampling failed")
+                    e = FucinaError(f"internal error in sampling: {e}")
                 self._finish(slot, "error", error=e)
                 continue
             if tid is None:
@@ -407,7 +442,7 @@ class Scheduler:
         for slot in self.slots:
             if slot.job is not None:
                 slot.job.cancelled, slot.job.reason = True, "shutdown"
-                if slot.turn is not None:
+                if slot.turn is not None and slot.turn.started:
                     try:
                         self._finish(slot, "interrupted")
                         continue

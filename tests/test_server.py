@@ -18,12 +18,14 @@ import threading
 import time
 
 import httpx
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
 
 from fucina_course.chat import ChatFormat, Conversation          # noqa: E402
 from fucina_course.sampler import SamplerConfig                  # noqa: E402
+from fucina_course.scheduler import _ExactPrefill                # noqa: E402
 from fucina_course.server import Server, ThinkSplitter           # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
@@ -41,7 +43,7 @@ def model(coder_path):
 @pytest.fixture(scope="module")
 def server(model):
     with Server(model, model_id=MODEL, port=0, parallel=4, ctx=CTX,
-                max_body=64 << 10) as s:
+                max_body=64 << 10, prefill_chunk=16) as s:
         yield s
 
 
@@ -98,8 +100,10 @@ def test_models_and_health(server):
 
 def test_plain_chat_is_the_engines_answer(server, model):
     reply = ask(client_of(server), max_tokens=12)
-    conv = Conversation(model, sampler=SamplerConfig.greedy(), capacity=CTX,
-                        max_response_tokens=12)
+    # the engine's conversation, prefilling row by row as the server does (its
+    # 36-token prompt went through the server in chunks of 16: the same numbers)
+    conv = Conversation(_ExactPrefill(model), sampler=SamplerConfig.greedy(),
+                        capacity=CTX, max_response_tokens=12)
     alone = conv.send(QUESTION)
     choice = reply.choices[0]
     assert choice.message.content == alone.text
@@ -186,6 +190,20 @@ def test_responses_plain_and_streamed(server):
                                                {"type": "input_text",
                                                 "text": QUESTION}]}])
     assert again.output_text == plain.output_text
+
+
+def test_row_by_row_prefill_does_not_depend_on_the_split(model):
+    """Why the scheduler prefills row by row: whatever part of a prompt a slot had
+    cached, and however it is chunked, the logits are the same bits."""
+    exact = _ExactPrefill(model)
+    ids = model.tokenizer.encode_raw(ChatFormat(model.tokenizer).render(
+        [{"role": "user", "content": QUESTION}]))[:20]
+    whole = exact.forward_step(ids, 0, model.new_cache(32))
+    for splits in ([13], [19], [5, 11, 17], list(range(1, 20))):
+        cache = model.new_cache(32)
+        for a, b in zip([0] + splits, splits + [len(ids)]):
+            logits = exact.forward_step(ids[a:b], a, cache)
+        assert np.array_equal(logits, whole), splits
 
 
 # --- batching -----------------------------------------------------------------------------
