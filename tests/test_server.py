@@ -460,6 +460,59 @@ def test_a_template_that_opens_the_think_block():
     assert (r + r2, c + c2) == ("I know this.", "Paris.")
 
 
+def test_qwen3_thinking_goes_to_reasoning_content(monkeypatch):
+    """A Qwen3 vocabulary (a one-layer synthetic model, the real tokenizer) made to
+    answer "<think>...</think>" and text: the block is `reasoning_content`, in the
+    answer and in the stream, never `content`; enable_thinking=False reaches the
+    chat format (the empty think block is pre-filled: a longer prompt)."""
+    from fucina_course import synth
+    from fucina_course.model import Model
+    from fucina_course.sampler import Sampler
+
+    qwen3 = Model.load(synth.cached_synthetic(
+        synth.SynthSpec(name="tiny-qwen3-full-vocab", num_layers=1)))
+    tok = qwen3.tokenizer
+    answer = tok.encode_raw("<think>\nLet me see.\n</think>\n\nParis.")
+    end = tok.token_id("<|im_end|>")
+
+    def forcing(*_):
+        calls = [0]
+
+        def processor(logits, history):
+            i, calls[0] = calls[0], calls[0] + 1
+            forced = np.full_like(logits, -np.inf)
+            forced[answer[i] if i < len(answer) else end] = 0.0
+            return forced
+
+        async def sampler(*args, **kw):
+            return Sampler(SamplerConfig.greedy(), logit_processor=processor)
+        return sampler
+
+    with Server(qwen3, model_id="q3", port=0, parallel=2, ctx=128) as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
+        msgs = [{"role": "user", "content": QUESTION}]
+        monkeypatch.setattr(s.app, "_sampler", forcing())
+        reply = client.chat.completions.create(model="q3", messages=msgs)
+        message = reply.choices[0].message
+        assert (message.content, message.reasoning_content) == ("Paris.", "Let me see.")
+        assert reply.usage.completion_tokens == len(answer) + 1
+        monkeypatch.setattr(s.app, "_sampler", forcing())
+        chunks = list(client.chat.completions.create(model="q3", messages=msgs,
+                                                     stream=True))
+        deltas = [c.choices[0].delta for c in chunks if c.choices]
+        assert "".join(d.content or "" for d in deltas) == "Paris."
+        assert "".join(getattr(d, "reasoning_content", None) or ""
+                       for d in deltas) == "Let me see."
+        assert not any("think>" in (d.content or "") for d in deltas)
+        monkeypatch.setattr(s.app, "_sampler", forcing())
+        off = client.chat.completions.create(
+            model="q3", messages=msgs, max_tokens=3,
+            extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        fmt = ChatFormat(tok)
+        assert off.usage.prompt_tokens == len(tok.encode_raw(fmt.render(
+            msgs, no_think=True))) == reply.usage.prompt_tokens + 4
+
+
 # --- the command ------------------------------------------------------------------------------
 
 def test_fucina_serve_command_and_sigterm(coder_path):
