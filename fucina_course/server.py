@@ -185,16 +185,18 @@ def _parse(kind: str, data: Any):
                        else "invalid_type") from None
 
 
+_UNION_MEMBERS = {"str", "int", "bool", "float", "dict", "list", "none"}
+
+
 def _param(loc) -> str:
-    """pydantic's error location -> OpenAI's spelling: messages[0].content."""
+    """pydantic's error location -> OpenAI's spelling: messages[0].content.  A
+    union's member ("str", "list[TextPart]") appears in the location as if it were
+    a field: it is left out."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in ("str", "list[TextPart]", "list[str]", "list[int]", "int", "bool",
-                      "function-after[TextPart]") or "[" in str(part):
-            continue                  # a union member's name, not a field
-        else:
+        elif part not in _UNION_MEMBERS and "[" not in str(part):
             out += ("." if out else "") + str(part)
     return out
 
@@ -370,9 +372,15 @@ class App:
         route("/v1/responses", self.responses, "POST")
         return _Guard(app, self.api_key, self.max_body)
 
-    async def health(self, request) -> dict:
-        return {"status": "ok" if self.scheduler.alive else "error",
-                **self.scheduler.snapshot()}
+    async def health(self, request):
+        """200 while the engine thread runs, 503 once it has stopped (shutting
+        down, or failed: the log says why); the load either way."""
+        from starlette.responses import JSONResponse
+
+        alive = self.scheduler.alive
+        return JSONResponse({"status": "ok" if alive else "unavailable",
+                             **self.scheduler.snapshot()},
+                            status_code=200 if alive else 503)
 
     async def models(self, request) -> dict:
         return {"object": "list", "data": [self._model_card()]}
@@ -693,10 +701,12 @@ class App:
             parts.append(part["text"])
         return {"role": role, "content": "".join(parts)}
 
-    def _response_object(self, state, reply=None, text: str = "",
-                         status: str = "in_progress") -> dict:
+    def _response_object(self, state, reply=None) -> dict:
+        """The Responses API's object: in progress (no reply yet), or finished:
+        "completed", or "incomplete" when max_output_tokens (or the context) cut
+        it; the think block, if any, as a reasoning item after the message."""
         req = state["req"]
-        output, usage, incomplete = [], None, None
+        output, usage, incomplete, status = [], None, None, "in_progress"
         if reply is not None:
             reasoning, text = self._split(reply.raw_text, state["split"],
                                           state["thinking"])
@@ -717,7 +727,6 @@ class App:
                      "total_tokens": u["total_tokens"]}
         return {"id": state["id"], "object": "response", "created_at": state["created"],
                 "status": status, "model": self.model_id, "output": output,
-                "output_text": text if reply is not None else "",
                 "error": None, "incomplete_details": incomplete,
                 "instructions": req.instructions,
                 "max_output_tokens": req.max_output_tokens,
