@@ -33,6 +33,15 @@ def coder_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def coder_model(coder_path):
+    """The default model, loaded once for every test file that only reads it (chat,
+    grammar, server): each load maps the file and builds the tokenizer again."""
+    from fucina_course.model import Model
+
+    return Model.load(coder_path)
+
+
+@pytest.fixture(scope="session")
 def smollm_path() -> Path:
     from fucina_course import catalog
 

@@ -40,10 +40,8 @@ def run_cli(*args, timeout=300):
 
 
 @pytest.fixture(scope="module")
-def model(coder_path):
-    from fucina_course.model import Model
-
-    return Model.load(coder_path)
+def model(coder_model):
+    return coder_model
 
 
 @pytest.fixture(scope="module")

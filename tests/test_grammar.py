@@ -49,10 +49,8 @@ MAX_TOKENS = 72
 
 
 @pytest.fixture(scope="module")
-def model(coder_path):
-    from fucina_course.model import Model
-
-    return Model.load(coder_path)
+def model(coder_model):
+    return coder_model
 
 
 @pytest.fixture(scope="module")
