@@ -286,8 +286,14 @@ class _Turn:
                 f"this turn needs {len(new)} new tokens (+1 to answer) but "
                 f"{capacity - keep} of the conversation's {capacity} positions are "
                 f"left; start over (reset) or use a larger context")
+        self._start(text, keep, new, stream)
+
+    def _start(self, text: str, keep: int, new: list[int], stream: Stream) -> None:
+        """The state of a turn that keeps `keep` cached ids and prefills `new`."""
+        conv = self.conv
         self.text, self.keep, self.new = text, keep, new
-        self.streamer = _Streamer(tok, stream, conv.stop, conv.show_think)
+        self.streamer = _Streamer(conv.format.tokenizer, stream, conv.stop,
+                                  conv.show_think)
         self.ids: list[int] = []
         self.reason: str | None = None
         self.prefill_seconds = self.decode_seconds = 0.0

@@ -58,7 +58,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .chat import Conversation, Reply, _Streamer, _Turn, common_prefix
+from .chat import Conversation, Reply, _Turn, common_prefix
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 
@@ -125,14 +125,7 @@ class _SlotTurn(_Turn):
             raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
                               f"a slot holds {capacity} positions")
         self.conv, self.messages = conv, []
-        self.text, self.keep, self.new = text, keep, new
-        self.streamer = _Streamer(conv.format.tokenizer, stream, conv.stop,
-                                  conv.show_think)
-        self.ids: list[int] = []
-        self.reason: str | None = None
-        self.prefill_seconds = self.decode_seconds = 0.0
-        self._t0 = 0.0
-        self.started = False
+        self._start(text, keep, new, stream)
         self.done = 0                    # ids of `new` prefilled so far
 
     def prefill_some(self, n: int):
