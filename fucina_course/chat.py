@@ -16,9 +16,11 @@ structural token, BOS included.
 `Conversation` is the loop around the model: it owns the KV cache, the history, the
 sampler and a `StreamDecoder`; each turn prefills only the tokens the cache does not
 already hold, then repeats sample -> stop check -> stream -> forward one token ->
-commit.  It is the one owner of "the ids it lists are exactly the ids in its cache,
-and its text is what they spell": only its own methods (`rewind`, `extend`, `step`,
-`end_turn`) change the three, so an error or Ctrl-C anywhere leaves a conversation
+commit.  With a `Speculator` (speculative.py) one forward step checks the sampled
+token and a drafter's guesses, and commits every guess the sampler agrees with.
+The conversation is the one owner of "the ids it lists are exactly the ids in its
+cache, and its text is what they spell": only its own methods (`rewind`, `extend`,
+`step`, `verify`, `accept`, `end_turn`) change the three, so an error or Ctrl-C anywhere leaves a conversation
 that can go on.
 """
 
@@ -232,6 +234,8 @@ class Reply:
     reused: int
     prefill_seconds: float
     decode_seconds: float
+    drafted: int = 0            # speculation: guesses checked
+    accepted: int = 0           # and those the model agreed with
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -241,8 +245,10 @@ class Reply:
         """One line for a terminal."""
         pre = (f"prefill {self.prefilled} tokens in {self.prefill_seconds:.2f} s"
                + (f" ({self.reused} reused)" if self.reused else ""))
+        spec = (f"; {self.accepted}/{self.drafted} drafted tokens accepted "
+                f"({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else "")
         return (f"[{len(self.ids)} tokens, {self.decode_tokens_per_second:.1f} tok/s; "
-                f"{pre}; {self.stop_reason}]")
+                f"{pre}{spec}; {self.stop_reason}]")
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -295,6 +301,7 @@ class _Turn:
         self.streamer = _Streamer(conv.format.tokenizer, stream, conv.stop,
                                   conv.show_think)
         self.ids: list[int] = []
+        self.drafted = self.accepted = 0
         self.reason: str | None = None
         self.prefill_seconds = self.decode_seconds = 0.0
         self._t0 = 0.0
@@ -310,14 +317,16 @@ class _Turn:
         self.started = True
         return logits
 
-    def choose(self, logits) -> int | None:
-        """Sample the next token; None when the answer is over (`reason` says why)."""
+    def choose(self, logits, guess: int | None = None, q=None) -> int | None:
+        """Sample the next token; None when the answer is over (`reason` says why).
+        `guess` (and its draft distribution `q`): a drafter's guess for this
+        position, judged by the speculative rule (speculative.judge)."""
         conv = self.conv
         limit = conv.max_response_tokens
         if limit is not None and len(self.ids) >= limit:
             self.reason = "max_tokens"
             return None
-        tid = conv.sample(logits)
+        tid = conv.sample(logits, guess, q)
         if tid in conv.format.stop_ids:
             self.reason = "end"
             return None
@@ -333,6 +342,37 @@ class _Turn:
         """`tid` went through the model (`Conversation.step`): part of the answer."""
         self.ids.append(tid)
 
+    def speculate(self, tid: int, speculator) -> int | None:
+        """Feed the chosen `tid` together with the drafter's guesses in one step;
+        commit `tid` and every guess the sampler agrees with; the next chosen token
+        (not yet fed), or None when the answer is over.
+
+        The guesses fit the cache and the answer's token limit, so every check of
+        `choose` (end marker, stop string, max_tokens, context) runs on each
+        accepted token as it would without speculation."""
+        conv = self.conv
+        room = conv.cache.remaining - 1
+        limit = conv.max_response_tokens
+        if limit is not None:
+            room = min(room, limit - len(self.ids) - 1)
+        draft = speculator.propose(conv._tokens + [tid], room)
+        rows = conv.verify([tid] + draft.ids)
+        self.commit(tid)
+        accepted, nxt = 0, None
+        for i, guess in enumerate(draft.ids):
+            nxt = self.choose(rows[i], guess, draft.q[i] if draft.q else None)
+            if nxt != guess:
+                break
+            conv.accept(guess)
+            self.commit(guess)
+            accepted += 1
+        else:
+            nxt = self.choose(rows[len(draft.ids)])
+        speculator.stats.record(len(draft.ids), accepted)
+        self.drafted += len(draft.ids)
+        self.accepted += accepted
+        return nxt
+
     def finish(self, reason: str | None = None) -> Reply:
         conv, tok = self.conv, self.conv.format.tokenizer
         self.reason = reason or self.reason
@@ -347,7 +387,8 @@ class _Turn:
         return Reply(text=self.streamer.visible(), raw_text=raw, ids=list(self.ids),
                      stop_reason=self.reason, prefilled=len(self.new), reused=self.keep,
                      prefill_seconds=self.prefill_seconds,
-                     decode_seconds=self.decode_seconds)
+                     decode_seconds=self.decode_seconds, drafted=self.drafted,
+                     accepted=self.accepted)
 
 
 class Conversation:
@@ -367,6 +408,10 @@ class Conversation:
     of the KV cache (default min(context length, 4096)); a turn that does not fit
     raises `ContextFull` and changes nothing.  `max_response_tokens`: None runs
     until the end marker or a full cache.  `stop`: extra stop strings.
+    `speculator` (speculative.py): draft and verify several tokens per step; the
+    same tokens as without it for a deterministic drafter (prompt lookup, a greedy
+    draft model), whatever the seed.  `send_batch` does not speculate: its batch
+    already shares each read of the weights among the conversations.
     """
 
     def __init__(self, model, *, system: str | None = None,
@@ -374,8 +419,9 @@ class Conversation:
                  capacity: int | None = None, cache_type: str = "f16",
                  max_response_tokens: int | None = None, no_think: bool = False,
                  show_think: bool = False, stop: Sequence[str] = (),
-                 template: str | ChatTemplate | None = None):
+                 template: str | ChatTemplate | None = None, speculator=None):
         self.model = model
+        self.speculator = speculator
         self.format = ChatFormat(model.tokenizer, template=template,
                                  name=f"tokenizer.chat_template of {model.path.name}")
         self.no_think, self.show_think = bool(no_think), bool(show_think)
@@ -396,6 +442,7 @@ class Conversation:
         self.system = system
         self.messages: list[dict] = []
         self._tokens: list[int] = []     # exactly the ids in the cache
+        self._pending: list[int] = []    # guesses verified past them (`verify`)
         self._text: str | None = ""      # the text those ids spell (None: unknown)
         self.reset(system)
 
@@ -420,6 +467,7 @@ class Conversation:
     def rewind(self, n_tokens: int) -> None:
         """Keep only the first `n_tokens` ids in the cache (`KvCache.truncate`).  The
         text they spell is unknown until the next `extend` says: the ids decide."""
+        self._pending = []
         if n_tokens < len(self._tokens):
             self.cache.truncate(n_tokens)
             del self._tokens[n_tokens:]
@@ -428,10 +476,36 @@ class Conversation:
     def extend(self, ids: Sequence[int], text: str | None = None):
         """Run `ids` through the model after the ids in the cache; the cache then
         holds both, and they spell `text` (None: not known).  The last logits."""
+        self._pending = []
         logits = self.model.forward_step(ids, len(self._tokens), self.cache)
         self._tokens.extend(ids)
         self._text = text
         return logits
+
+    def verify(self, ids: Sequence[int]):
+        """Speculation's step: run `ids` (a chosen token, then guesses) after the
+        cache; logits `[len(ids), vocab]`, each row bit-identical to a plain decode
+        step's (speculative.verify_step).  Only ids[0] is committed; the guesses
+        wait in the cache, past its length, until `accept` takes them in order (the
+        next verify, extend, step or rewind forgets the rest)."""
+        from .speculative import verify_step
+
+        base = len(self._tokens)
+        rows = verify_step(self.model, ids, self.cache)
+        self.cache.truncate(base + 1)
+        self._tokens.append(ids[0])
+        self._text = None
+        self._pending = list(ids[1:])
+        return rows
+
+    def accept(self, tid: int) -> None:
+        """Commit the next pending guess (it must be `tid`): its K and V are already
+        in the cache (`KvCache.advance`)."""
+        if not self._pending or self._pending[0] != tid:
+            raise FucinaError(f"token {tid} is not the next verified guess")
+        del self._pending[0]
+        self.cache.advance(1)
+        self._tokens.append(tid)
 
     @staticmethod
     def step(conversations: Sequence["Conversation"], ids: Sequence[int]) -> list:
@@ -444,14 +518,19 @@ class Conversation:
         else:                    # N streams: the weights are read once
             out = model.forward_step_batch(list(ids), caches)
         for conv, tid in zip(conversations, ids):
+            conv._pending = []
             conv._tokens.append(tid)
             conv._text = None
         return out
 
-    def sample(self, logits) -> int:
+    def sample(self, logits, guess: int | None = None, q=None) -> int:
         """The sampler's next token (its penalties look back at the ids in the
-        cache)."""
-        return self.sampler.next(logits, self._tokens)
+        cache); with a drafter's `guess`, judged by speculative.judge."""
+        if guess is None:
+            return self.sampler.next(logits, self._tokens)
+        from .speculative import judge
+
+        return judge(self.sampler, logits, self._tokens, guess, q)
 
     def end_turn(self, messages: list[dict], text: str) -> None:
         """An answer is over: `messages` is the history now (it ends with that
@@ -467,7 +546,7 @@ class Conversation:
         self.messages = [{"role": "system", "content": self.system}] \
             if self.system else []
         self.cache.truncate(0)
-        self._tokens, self._text = [], ""
+        self._tokens, self._text, self._pending = [], "", []
 
     # --- turns ---------------------------------------------------------------------
 
@@ -516,6 +595,12 @@ class Conversation:
         one forward step for every answer still running (`step`), commit."""
         try:
             logits = [t.prefill() for t in turns]
+            spec = turns[0].conv.speculator if len(turns) == 1 else None
+            if spec is not None:       # one answer: draft and verify
+                tid = turns[0].choose(logits[0])
+                while tid is not None:
+                    tid = turns[0].speculate(tid, spec)
+                return [turns[0].finish()]
             running = list(range(len(turns)))
             while running:
                 picks = {i: turns[i].choose(logits[i]) for i in running}

@@ -87,6 +87,13 @@ _GROUPS = {
         _arg("--stop", action="append", metavar="TEXT",
              help="also stop at TEXT (repeatable)"),
     ]),
+    "speculation": ("speculative decoding (the same tokens, fewer forward steps)", [
+        _arg("--speculate", metavar="HOW", default=None,
+             help="'lookup': guess by copying from the prompt and the answer so far; "
+             "'draft:MODEL': guess with a smaller model of the same vocabulary"),
+        _arg("--draft-max", type=int, default=8, metavar="N",
+             help="at most N guesses checked per step (default 8)"),
+    ]),
     "sampling": ("sampling (defaults: the Qwen3 model card's)", [
         _arg(flag, dest=field, type=kind, default=None, help=text)
         for flag, field, kind, text in _SAMPLING_FLAGS
@@ -118,7 +125,10 @@ _COMMANDS = {
             _arg("--ids-out",
                  help="also write the generated ids to this file, one per line"),
             _arg("--ignore-eos", action="store_true",
-                 help="do not stop at end-of-turn tokens")]),
+                 help="do not stop at end-of-turn tokens"),
+            _arg("--stats", action="store_true",
+                 help="print tokens/s (and what speculation did) on stderr"),
+            "speculation"]),
     "logits": dict(
         help="write (and compare) float32 logits", func=cmd.cmd_logits, args=[
             _MODEL, "engine", "input",
@@ -156,14 +166,15 @@ _COMMANDS = {
         usage="fucina chat [MODEL] QUESTION [options]", func=cmd.cmd_chat, args=[
             _arg("words", nargs="+", metavar="[MODEL] QUESTION",
                  help=_DEFAULT_MODEL_HELP + ", then the question ('-': stdin)"),
-            "chat", "engine", "sampling",
+            "chat", "engine", "sampling", "speculation",
             _arg("--stats", action="store_true",
-                 help="print tokens/s and the seed on stderr")]),
+                 help="print tokens/s, the seed and what speculation did on "
+                 "stderr")]),
     "repl": dict(
         help="a multi-turn conversation in the terminal", func=cmd.cmd_repl, args=[
             _arg("model", metavar="MODEL", nargs="?", default=None,
                  help=_DEFAULT_MODEL_HELP),
-            "chat", "engine", "sampling"]),
+            "chat", "engine", "sampling", "speculation"]),
     "serve": dict(
         help="an OpenAI-compatible HTTP server (chat, completions, responses; "
         "concurrent requests decoded together)", func=cmd.cmd_serve, args=[
@@ -184,7 +195,7 @@ _COMMANDS = {
             _arg("--api-key", metavar="KEY", default=None,
                  help="require 'Authorization: Bearer KEY' on every route but "
                  "/health (default: $FUCINA_API_KEY, else none)"),
-            "engine"]),
+            "engine", "speculation"]),
     "models": dict(
         help="list or fetch the named models", func=cmd.cmd_models,
         commands=(dict(dest="action", required=True), {

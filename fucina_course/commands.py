@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 from .errors import FucinaError
@@ -195,18 +196,52 @@ def cmd_generate(args) -> int:
             sys.stdout.flush()
 
     n = min(model.config.context_length, len(ids) + args.gen)
+    _check_draft_max(args)
     cache = _cache_for(model, n, args.cache_type)
     if cache.capacity <= len(ids):
         raise FucinaError(f"the prompt ({len(ids)} tokens) leaves no room to generate "
                           f"in the model's context of {model.config.context_length} "
                           "positions")
-    out = model.generate(ids, args.gen, cache=cache, on_token=show,
-                         stop_ids=None if not args.ignore_eos else set())
+    spec = _speculator(args, model, n)
+    stop_ids = None if not args.ignore_eos else set()
+    start = time.perf_counter()
+    if spec is None:
+        out = model.generate(ids, args.gen, cache=cache, on_token=show,
+                             stop_ids=stop_ids)
+    else:
+        from .speculative import generate
+
+        out = generate(model, ids, args.gen, spec, cache=cache, on_token=show,
+                       stop_ids=stop_ids)
+    seconds = time.perf_counter() - start
     if stream is not None:
         sys.stdout.write(stream.flush() + "\n")
+    if args.stats:
+        line = (f"[{len(out)} tokens in {seconds:.2f} s with the prefill of "
+                f"{len(ids)}: {len(out) / seconds:.1f} tok/s]")
+        print(line + (f" [{spec.stats.line()}]" if spec else ""), file=sys.stderr)
     if args.ids_out:
         Path(args.ids_out).write_text("".join(f"{i}\n" for i in out))
     return 0
+
+
+def _check_draft_max(args) -> None:
+    """The speculation flags, checked before a model is loaded."""
+    from .speculative import check_spec
+
+    check_spec(getattr(args, "speculate", None))
+    if getattr(args, "draft_max", 1) < 1:
+        raise FucinaError(f"--draft-max must be at least 1, got {args.draft_max}")
+
+
+def _speculator(args, model, capacity: int):
+    """`--speculate` / `--draft-max` as a Speculator (None: off); a draft model is
+    loaded with the target's threads and cache type."""
+    from .speculative import make_speculator
+
+    return make_speculator(getattr(args, "speculate", None), model,
+                           draft_max=args.draft_max, threads=args.threads,
+                           cache_type=args.cache_type, capacity=capacity)
 
 
 def cmd_logits(args) -> int:
@@ -344,6 +379,7 @@ def _check_chat_args(args) -> None:
         raise FucinaError(f"--max-tokens must be at least 1, got {args.max_tokens}")
     if args.ctx is not None and args.ctx < 2:
         raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
+    _check_draft_max(args)
 
 
 def _conversation(args):
@@ -364,7 +400,7 @@ def _conversation(args):
     return Conversation(model, system=args.system, sampler=config, capacity=ctx,
                         cache_type=args.cache_type, max_response_tokens=args.max_tokens,
                         no_think=args.no_think, show_think=args.show_think,
-                        stop=args.stop or ())
+                        stop=args.stop or (), speculator=_speculator(args, model, ctx))
 
 
 def cmd_chat(args) -> int:
@@ -465,6 +501,7 @@ def cmd_serve(args) -> int:
         raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
     api_key = args.api_key or os.environ.get("FUCINA_API_KEY") or None
     _check_expert_top_p(args)
+    _check_draft_max(args)
     model = _load_model(args)
     if model.tokenizer is None:
         raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
@@ -477,7 +514,9 @@ def cmd_serve(args) -> int:
     model_id = name if name in NAMED_MODELS else model.path.stem   # what clients send
     server = Server(model, model_id=model_id, host=args.host, port=args.port,
                     parallel=args.parallel, ctx=args.ctx, cache_type=args.cache_type,
-                    queue_size=args.queue, api_key=api_key)
+                    queue_size=args.queue, api_key=api_key,
+                    speculator=_speculator(args, model, args.ctx or min(
+                        model.config.context_length, 4096)))
     _first_start(model)
     if not is_loopback(args.host) and api_key is None:
         print(f"fucina: warning: listening on {args.host} without --api-key: anyone "

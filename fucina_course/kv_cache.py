@@ -193,6 +193,12 @@ class KvCache:
         self.len += n
 
     def truncate(self, keep: int) -> None:
-        """Rewind to the first `keep` positions (no-op if the cache holds fewer)."""
+        """Rewind to the first `keep` positions (no-op if the cache holds fewer).
+
+        Only the length changes: the rows past `keep` keep their keys and values
+        until a later append overwrites them, so `advance` can take them back.
+        Speculative decoding relies on it (chat.Conversation.verify / accept): a
+        verify step writes every guess, the cache is cut after the chosen token,
+        and each accepted guess is re-committed without being computed again."""
         if keep < self.len:
             self.len = max(0, keep)

@@ -313,10 +313,18 @@ class Sampler:
 
     def next(self, logits, history: Sequence[int] = ()) -> int:
         """Sample one token id: the whole pipeline, then exactly one draw."""
-        ids, probs = self.distribution(logits, history)
-        u = self._uniform()
+        return self.pick(self.distribution(logits, history))
+
+    def pick(self, dist: Distribution) -> int:
+        """One draw from a distribution (`distribution`'s result)."""
+        u = self.uniform()
+        return int(dist.ids[draw(dist.probs, u)]) if dist.ids.shape[0] > 1 \
+            else int(dist.ids[0])
+
+    def uniform(self) -> float:
+        """The stream's next number in [0, 1) (counted in `draws`)."""
         self.draws += 1
-        return int(ids[draw(probs, u)]) if ids.shape[0] > 1 else int(ids[0])
+        return self._uniform()
 
     @staticmethod
     def _checked(logits, what: str = "logits") -> np.ndarray:

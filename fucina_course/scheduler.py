@@ -17,7 +17,14 @@ end_turn are the only ways to change them) holds here too.  The loop:
     leave     a job that ended (or was cancelled) gives back its slot at once
 
 So a request joins the batch at the step after its prefill and leaves at the step
-it ends; the others do not wait for it.  Rejected alternative: static batches
+it ends; the others do not wait for it.
+
+Speculation (`speculator`, `fucina serve --speculate`): while one job decodes
+alone, its step is a verify step (`_Turn.speculate`: its chosen token and the
+drafter's guesses, every agreed guess committed); with two or more the plain
+batched step runs, since the batch already shares each read of the weights.  A
+deterministic drafter leaves every job's tokens as they are (speculative.py), so
+the rule "same tokens as alone" still holds.  Rejected alternative: static batches
 (collect N requests, run them to the end together), which make a short answer wait
 for the longest one and a new request wait for the whole batch.
 
@@ -187,6 +194,7 @@ class _Slot:
     job: Job | None = None
     turn: _SlotTurn | None = None
     logits: object = None
+    next: int | None = None          # a token speculation already chose
     last_used: int = 0
 
 
@@ -202,6 +210,8 @@ class Stats:
     max_rows: int = 0                # the widest step
     rejected: int = 0                # Busy
     cancelled: int = 0
+    drafted: int = 0                 # speculation: guesses checked
+    accepted: int = 0                # and agreed with
 
 
 class Scheduler:
@@ -212,7 +222,8 @@ class Scheduler:
 
     def __init__(self, model, *, parallel: int = 4, capacity: int | None = None,
                  cache_type: str = "f16", queue_size: int | None = None,
-                 exact_prefill: bool = True, prefill_chunk: int = 64):
+                 exact_prefill: bool = True, prefill_chunk: int = 64,
+                 speculator=None):
         if model.tokenizer is None:
             raise FucinaError(f"{model.path}: no tokenizer in the file: it cannot serve")
         if parallel < 1:
@@ -223,6 +234,7 @@ class Scheduler:
         if prefill_chunk < 1:
             raise FucinaError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.model = model
+        self.speculator = speculator
         self.parallel, self.queue_size = parallel, queue_size
         # chunked prefill is exact only row by row; the fast path prefills whole
         self.prefill_chunk = prefill_chunk if exact_prefill else 1 << 30
@@ -378,7 +390,8 @@ class Scheduler:
                 self._finish(slot, "interrupted")
                 continue
             try:
-                tid = slot.turn.choose(slot.logits)
+                tid, slot.next = (slot.next if slot.next is not None
+                                  else slot.turn.choose(slot.logits)), None
             except Exception as e:       # a grammar that cannot go on, bad logits
                 if not isinstance(e, FucinaError):
                     log.exception("sampling failed")
@@ -390,6 +403,9 @@ class Scheduler:
             else:
                 picks.append((slot, tid))
         if not picks:
+            return
+        if len(picks) == 1 and self.speculator is not None:
+            self._speculate(*picks[0])
             return
         ids = [tid for _, tid in picks]
         try:
@@ -405,6 +421,27 @@ class Scheduler:
         for row, (slot, tid) in enumerate(picks):
             slot.turn.commit(tid)
             slot.logits = out[row]
+
+    def _speculate(self, slot: _Slot, tid: int) -> None:
+        """A job decoding alone: one verify step of `tid` and the drafter's
+        guesses; the token it chose next waits in `slot.next`."""
+        turn = slot.turn
+        drafted, accepted = turn.drafted, turn.accepted
+        try:
+            slot.next = turn.speculate(tid, self.speculator)
+        except Exception as e:
+            if not isinstance(e, FucinaError):
+                log.exception("speculative step failed")
+                e = FucinaError(f"internal error in a speculative step: {e}")
+            self._finish(slot, "error", error=e)
+            return
+        self.stats.steps += 1
+        self.stats.rows += 1 + turn.drafted - drafted
+        self.stats.max_rows = max(self.stats.max_rows, 1 + turn.drafted - drafted)
+        self.stats.drafted += turn.drafted - drafted
+        self.stats.accepted += turn.accepted - accepted
+        if slot.next is None:
+            self._finish(slot)
 
     def _finish(self, slot: _Slot, reason: str | None = None,
                 error: FucinaError | None = None) -> None:
@@ -422,7 +459,7 @@ class Scheduler:
                  error: FucinaError | None = None) -> None:
         job = slot.job
         with self._cv:
-            slot.job, slot.turn, slot.logits = None, None, None
+            slot.job, slot.turn, slot.logits, slot.next = None, None, None, None
             slot.last_used = next(self._clock)
             self._load -= 1
         if error is not None:

@@ -956,7 +956,8 @@ class Server:
                  port: int = 8080, parallel: int = 4, ctx: int | None = None,
                  cache_type: str = "f16", queue_size: int | None = None,
                  api_key: str | None = None, max_body: int = MAX_BODY,
-                 prefill_chunk: int = 64, log_level: str = "warning"):
+                 prefill_chunk: int = 64, log_level: str = "warning",
+                 speculator=None):
         import importlib.util
 
         missing = [m for m in ("fastapi", "uvicorn") if not importlib.util.find_spec(m)]
@@ -965,7 +966,8 @@ class Server:
                               "pip install -r requirements.txt")
         self.scheduler = Scheduler(model, parallel=parallel, capacity=ctx,
                                    cache_type=cache_type, queue_size=queue_size,
-                                   prefill_chunk=prefill_chunk)
+                                   prefill_chunk=prefill_chunk,
+                                   speculator=speculator)
         self.app = App(self.scheduler, model_id or model.path.stem, api_key=api_key,
                        max_body=max_body)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
