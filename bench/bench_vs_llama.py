@@ -2,7 +2,7 @@
 
     python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256]
         [--tg 128] [--repeats 3] [--rounds 1] [--levels avx512vnni,avx2,generic]
-        [--llama-path DIR] [--llama-avx2 DIR] [--markdown]
+        [--llama-path DIR] [--llama-avx2 DIR] [--llama-bench PATH] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
 `synth:GEOMETRY:FORMAT`, written into the cache dir on first use: GEOMETRY is
@@ -34,7 +34,28 @@ from position 0; median of `--repeats`.  llama.cpp runs through llama-cpp-python
 overhead is ~0.1 ms, under 1% of a decode step here.  Each engine runs in its own
 subprocess, sequentially, so neither disturbs the other's timing.
 
-`--rounds N`: each fucina run is followed by a llama.cpp run of the matching build, N
+Second witness, llama.cpp's own C++ benchmark `llama-bench` (issue 27): built by
+scripts/build_llama_bench.sh from the same vendored llama.cpp source as the binding and
+with the same CMake flags (scripts/llama_cpp_flags.sh), found at `--llama-bench PATH`
+(default: ~/.cache/fucina_course/llama-bench/bin/llama-bench; if there is no binary, its
+columns are left out with a one-line note; `--llama-bench ""` leaves them out).  It runs
+as `llama-bench -m FILE -p <pp list> -n <tg> -t <threads> -r <repeats> -o json -b 512
+-ub 512 -ctk f16 -ctv f16 -fa off`: n_batch and n_ubatch 512 and flash attention off
+because those are what the binding runs here (llama_cpp.Llama's defaults, the ones
+above; llama-bench's own defaults are n_batch 2048 and flash attention "auto"; n_batch
+only matters for prompts over 512 tokens, flash attention changes the attention kernels
+at every size), f16 KV cache as both other engines.  Its protocol is its own: a warm-up
+run of each test, then per repetition a cleared KV cache and the whole test (ppN: N
+random tokens in one batch; tgN: N single-token decodes from position 0); the figure
+taken is the median of its `samples_ts` (per-repetition tok/s, as our medians; its
+`avg_ts` is their mean).  No Python between the calls: where the binding and llama-bench
+disagree by more than 10% on a test, a warning line names it -- one of the two
+measurements is then not the llama.cpp speed.  llama-bench is the build of the best ISA
+(the environment's flags), so it is compared only with the levels that use the main
+binding, not those run against `--llama-avx2`.
+
+`--rounds N`: each fucina run is followed by a llama.cpp run of the matching build (and,
+once per round, by llama-bench: fucina, binding, llama-bench, never two at once), N
 times over; the table gives each engine's median over the rounds and the median of the
 rounds' ratios.  On a shared virtual machine whose speed drifts by tens of percent
 from one minute to the next (2026-12-01: llama.cpp's own AVX2 prefill measured 95 and
@@ -155,6 +176,57 @@ def run_sub(args: list[str], threads: int, env_extra: dict | None = None) -> dic
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+DEFAULT_LLAMA_BENCH = os.path.expanduser(
+    "~/.cache/fucina_course/llama-bench/bin/llama-bench")
+DISAGREE = 0.10   # binding vs llama-bench: warn above this relative difference
+
+
+def llama_bench_cmd(exe: str, path: str, threads: int, pp: str, tg: int,
+                    repeats: int) -> list[str]:
+    """llama-bench's command line for our tests (see the module docstring for the
+    choice of n_batch, n_ubatch, flash attention and KV cache type)."""
+    pp_list = ",".join(x for x in pp.split(",") if x.strip()) or "0"
+    return [exe, "-m", path, "-p", pp_list, "-n", str(tg), "-t", str(threads),
+            "-r", str(repeats), "-o", "json", "-b", "512", "-ub", "512",
+            "-ctk", "f16", "-ctv", "f16", "-fa", "off"]
+
+
+def parse_llama_bench(text: str) -> dict:
+    """llama-bench's `-o json` output -> {"pp64": tok/s, "tg16": tok/s, ...,
+    "build": "commit C build N"}: per test the median of its per-repetition tok/s
+    (`samples_ts`), its `avg_ts` if there are none."""
+    out: dict = {}
+    for t in json.loads(text):
+        samples = t.get("samples_ts") or [t["avg_ts"]]
+        if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0:
+            test = f"pp{t['n_prompt']}"
+        elif t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0:
+            test = f"tg{t['n_gen']}"
+        else:
+            continue
+        out[test] = float(statistics.median(samples))
+        out["build"] = (f"commit {t.get('build_commit', '?')} "
+                        f"build {t.get('build_number', '?')}")
+    return out
+
+
+def run_llama_bench(exe: str, path: str, threads: int, pp: str, tg: int,
+                    repeats: int) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    out = subprocess.run(llama_bench_cmd(exe, path, threads, pp, tg, repeats),
+                         capture_output=True, text=True, env=env)
+    if out.returncode != 0:     # the witness failing costs its column, not the run
+        print(f"warning: llama-bench failed on {path} ({exe}), its column is left "
+              f"out:\n{out.stderr[-2000:]}", file=sys.stderr)
+        return {}
+    return parse_llama_bench(out.stdout)
+
+
+def disagreement(binding: float, bench: float) -> float:
+    """Relative difference of the binding's tok/s from llama-bench's."""
+    return binding / bench - 1.0
+
+
 def llama_env(build: str | None) -> dict:
     """The environment that makes `import llama_cpp` load `build` (None: the
     environment's own)."""
@@ -183,6 +255,10 @@ def main() -> None:
     ap.add_argument("--llama-avx2", default=None,
                     help="llama_cpp built with AVX-512 off, for the levels below "
                          "avx512vnni")
+    ap.add_argument("--llama-bench", default=None, metavar="PATH",
+                    help="llama.cpp's llama-bench binary, the second llama.cpp column "
+                         "(default: scripts/build_llama_bench.sh's, "
+                         f"{DEFAULT_LLAMA_BENCH}, if built; \"\": none)")
     ap.add_argument("--no-emulate", dest="emulate", action="store_false",
                     help="levels below avx512vnni: only FUCINA_SIMD, with numba and "
                          "OpenBLAS still using this CPU's AVX-512 elsewhere")
@@ -201,14 +277,25 @@ def main() -> None:
     bad = [lv for lv in levels if lv and lv not in LEVELS]
     if bad:
         raise SystemExit(f"unknown level(s) {bad}: expected some of {LEVELS}")
-    rows, builds = [], {}
+    lb_exe = DEFAULT_LLAMA_BENCH if args.llama_bench is None else args.llama_bench
+    if lb_exe and not (os.path.isfile(lb_exe) and os.access(lb_exe, os.X_OK)):
+        print(f"note: no llama-bench at {lb_exe} (scripts/build_llama_bench.sh builds "
+              "it): its columns are left out", file=sys.stderr)
+        lb_exe = ""
+    elif not lb_exe:
+        print("note: --llama-bench \"\": llama-bench's columns are left out",
+              file=sys.stderr)
+    rows, builds, lb_builds, warnings, warned = [], {}, set(), [], set()
     for model in args.models:
         path = resolve(model)
         print(f"== {model}: {path}", file=sys.stderr)
         theirs_by_build: dict = {}
-        # (level, test) -> [(fucina tok/s, llama.cpp tok/s)], one pair per round
+        # (level, isa, test) -> [(fucina tok/s, llama.cpp tok/s, llama-bench tok/s or
+        # None)], one triple per round
         runs: dict = {}
+        lb: dict | None = None
         for rnd in range(args.rounds):
+            lb_this_round = False
             for level in levels:
                 build = args.llama_path
                 if level and level != "avx512vnni" and args.llama_avx2:
@@ -228,6 +315,15 @@ def main() -> None:
                         llama_env(build))
                 theirs = theirs_by_build[build]
                 builds[theirs["build"]] = theirs["isa"]
+                # llama-bench, the main build's witness: once a round, after the binding
+                main_build = build == args.llama_path
+                if lb_exe and main_build and not lb_this_round and (lb is None
+                                                                    or args.rounds > 1):
+                    lb = run_llama_bench(lb_exe, path, args.threads, args.pp, args.tg,
+                                         args.repeats)
+                    if "build" in lb:
+                        lb_builds.add(lb["build"])
+                    lb_this_round = True
                 label = level or "default"
                 pairs = [(f"pp{a['tokens']}", a["tok_s"], b["tok_s"])
                          for a, b in zip(ours["prefill"], theirs["prefill"])]
@@ -235,24 +331,45 @@ def main() -> None:
                     pairs.append((f"tg{ours['decode']['tokens']}",
                                   ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
                 for test, a, b in pairs:
-                    runs.setdefault((label, theirs["isa"], test), []).append((a, b))
+                    c = lb.get(test) if (lb and main_build) else None
+                    runs.setdefault((label, theirs["isa"], test), []).append((a, b, c))
                     print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
                           f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}"
+                          + (f"   llama-bench {c:9.1f} tok/s   ratio {a / c:.2f}"
+                             if c else "")
                           + (f"   (round {rnd + 1})" if args.rounds > 1 else ""),
                           file=sys.stderr)
         for (label, isa, test), got in runs.items():
+            cs = [c for _, _, c in got if c]
+            c_med = statistics.median(cs) if len(cs) == len(got) else None
+            b_med = statistics.median(b for _, b, _ in got)
             rows.append((model, label, isa, test,
-                         statistics.median(a for a, _ in got),
-                         statistics.median(b for _, b in got),
-                         statistics.median(a / b for a, b in got),
-                         [a / b for a, b in got]))
+                         statistics.median(a for a, _, _ in got), b_med,
+                         statistics.median(a / b for a, b, _ in got),
+                         [a / b for a, b, _ in got], c_med,
+                         statistics.median(a / c for a, _, c in got) if c_med else None))
+            seen = (model, test, round(b_med, 1), round(c_med or 0, 1))
+            if (c_med and abs(disagreement(b_med, c_med)) > DISAGREE
+                    and seen not in warned):
+                warned.add(seen)    # one round: the levels share the llama.cpp runs
+                warnings.append(
+                    f"warning: {model} {label} {test}: llama-cpp-python {b_med:.1f} and "
+                    f"llama-bench {c_med:.1f} tok/s disagree by "
+                    f"{100 * disagreement(b_med, c_med):+.0f}% (more than "
+                    f"{100 * DISAGREE:.0f}%)")
+    for line in warnings:
+        print(line, file=sys.stderr)
+    with_lb = any(r[8] for r in rows)
     if args.markdown:
+        from fucina_course.quant.isa import cpu_family
+
         cpu = "?"
         try:
             cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                        if line.startswith("model name"))
         except (OSError, StopIteration):
             pass
+        cpu = f"{cpu} ({cpu_family()})"
         emu = ("levels below avx512vnni emulate a CPU without AVX-512 (numba, "
                "OpenBLAS)" if args.emulate else "FUCINA_SIMD only")
         rounds = (f"; {args.rounds} rounds (each fucina run followed by llama.cpp's): "
@@ -261,15 +378,24 @@ def main() -> None:
         print(f"\n{datetime.date.today()} — {cpu}, {os.cpu_count()} cores, "
               f"threads={args.threads}, Python {platform.python_version()}, median of "
               f"{args.repeats}{rounds}; {emu}; llama.cpp builds: "
-              + "; ".join(f"{b} ({isa})" for b, isa in builds.items()) + "\n")
+              + "; ".join(f"{b} ({isa})" for b, isa in builds.items())
+              + (f"; llama-bench: {lb_exe} ({', '.join(sorted(lb_builds))}, same "
+                 "source and flags as the binding)" if with_lb else "")
+              + "\n")
         each = " | rounds" if args.rounds > 1 else ""
+        lb_head = " llama-bench tok/s | ratio (llama-bench) |" if with_lb else ""
         print("| model | fucina level | llama.cpp ISA | test | fucina tok/s | "
-              f"llama.cpp tok/s | ratio{each} |")
-        print("|---|---|---|---|---:|---:|---:|" + ("---|" if each else ""))
-        for model, level, isa, test, a, b, ratio, per_round in rows:
+              f"llama.cpp tok/s | ratio{each} |{lb_head}")
+        print("|---|---|---|---|---:|---:|---:|" + ("---|" if each else "")
+              + ("---:|---:|" if with_lb else ""))
+        for model, level, isa, test, a, b, ratio, per_round, c, ratio_c in rows:
             extra = (" | " + " ".join(f"{r:.2f}" for r in per_round)) if each else ""
+            lb_cells = ((f" {c:.1f} | {ratio_c:.2f} |" if c else " – | – |")
+                        if with_lb else "")
             print(f"| {model} | {level} | {isa} | {test} | {a:.1f} | {b:.1f} | "
-                  f"{ratio:.2f}{extra} |")
+                  f"{ratio:.2f}{extra} |{lb_cells}")
+        if warnings:        # under the table too: they say which rows not to trust
+            print("\n" + "\n".join(warnings))
 
 
 if __name__ == "__main__":

@@ -16,3 +16,39 @@ def test_measure_roofline_reports_both_ceilings():
     assert [(s["m"], s["n"], s["k"]) for s in r["sgemm"]] == list(shapes)
     assert all(math.isfinite(s["gflop_s"]) and s["gflop_s"] > 0 for s in r["sgemm"])
     assert r["peak_gflop_s"] == max(s["gflop_s"] for s in r["sgemm"])
+
+
+def _bench_vs_llama():
+    """bench/bench_vs_llama.py, a script, loaded as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_vs_llama.py"
+    spec = importlib.util.spec_from_file_location("bench_vs_llama", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_llama_bench_json_is_read_per_test():
+    """llama-bench's `-o json` (issue 27's second llama.cpp witness): one figure per
+    test, the median of the repetitions."""
+    import json
+
+    bvl = _bench_vs_llama()
+    text = json.dumps([
+        {"build_commit": "0c1e570", "build_number": 1, "n_prompt": 64, "n_gen": 0,
+         "avg_ts": 200.0, "samples_ts": [100.0, 300.0, 210.0]},
+        {"build_commit": "0c1e570", "build_number": 1, "n_prompt": 0, "n_gen": 16,
+         "avg_ts": 50.0},
+        {"build_commit": "0c1e570", "build_number": 1, "n_prompt": 8, "n_gen": 8,
+         "avg_ts": 1.0, "samples_ts": [1.0]},          # a pp+tg test: not ours
+    ])
+    got = bvl.parse_llama_bench(text)
+    assert got == {"pp64": 210.0, "tg16": 50.0, "build": "commit 0c1e570 build 1"}
+    cmd = bvl.llama_bench_cmd("lb", "m.gguf", 2, "16,64", 16, 3)
+    assert cmd[:11] == ["lb", "-m", "m.gguf", "-p", "16,64", "-n", "16", "-t", "2",
+                        "-r", "3"]
+    assert cmd[cmd.index("-fa") + 1] == "off" and cmd[cmd.index("-b") + 1] == "512"
+    assert bvl.llama_bench_cmd("lb", "m", 2, "", 16, 1)[4] == "0"
+    assert abs(bvl.disagreement(110.0, 100.0) - 0.10) < 1e-12

@@ -143,3 +143,97 @@ if _CAP != BEST and os.environ.get("FUCINA_SIMD"):
 # run its kernels (tests, benchmarks); a level missing from USABLE runs the generic
 # kernels.
 level = BEST
+
+
+# Intel family 6 model numbers -> microarchitecture
+# (Linux: arch/x86/include/asm/intel-family.h)
+_INTEL_FAMILY6 = {
+    42: "Sandy Bridge", 45: "Sandy Bridge-EP", 58: "Ivy Bridge", 62: "Ivy Bridge-EP",
+    60: "Haswell", 63: "Haswell-EP", 69: "Haswell", 70: "Haswell",
+    61: "Broadwell", 71: "Broadwell", 79: "Broadwell-EP", 86: "Broadwell-DE",
+    78: "Skylake", 94: "Skylake", 85: "Skylake-SP", 102: "Cannon Lake",
+    142: "Kaby Lake", 158: "Coffee Lake", 165: "Comet Lake", 166: "Comet Lake",
+    106: "Ice Lake-SP", 108: "Ice Lake-D", 125: "Ice Lake", 126: "Ice Lake",
+    140: "Tiger Lake", 141: "Tiger Lake", 167: "Rocket Lake",
+    151: "Alder Lake", 154: "Alder Lake", 183: "Raptor Lake", 186: "Raptor Lake",
+    191: "Raptor Lake", 170: "Meteor Lake", 172: "Meteor Lake", 189: "Lunar Lake",
+    197: "Arrow Lake", 198: "Arrow Lake",
+    143: "Sapphire Rapids", 207: "Emerald Rapids", 173: "Granite Rapids",
+    174: "Granite Rapids-D", 175: "Sierra Forest",
+}
+
+
+def _cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first processor's `key : value` lines of a /proc/cpuinfo text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            if fields:
+                break           # end of the first processor's block
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            fields.setdefault(key.strip().lower(), value.strip())
+    return fields
+
+
+def cpu_family(text: str | None = None) -> str:
+    """A short name of this CPU's microarchitecture family, e.g. "Intel Sapphire Rapids",
+    "AMD Zen 4", read from /proc/cpuinfo (or from `text`, a cpuinfo text: tests).
+
+    Why not the level alone: the same level runs differently on different cores.  Zen 4
+    has avx512vnni but executes each 512-bit instruction as two 256-bit halves, so the
+    avx512vnni kernels gain less over avx2 there than on an Intel server core with full
+    512-bit units; a benchmark line has to say which family it ran on to be read
+    (bench/bench_vs_llama.py prints it).  Never raises: an unknown CPU gives
+    "Intel (family F model M)", "AMD (family F model M)", platform.processor() or
+    "unknown".
+    """
+    try:
+        if text is None:
+            try:
+                with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                    text = f.read()
+            except OSError:
+                text = ""
+            fallback = True
+        else:
+            fallback = False
+        fields = _cpuinfo_fields(text)
+        vendor = fields.get("vendor_id", "")
+        flags = set(fields.get("flags", "").split())
+        try:
+            family = int(fields.get("cpu family", ""))
+            model = int(fields.get("model", ""))
+        except ValueError:
+            family = model = -1
+        if vendor == "GenuineIntel" and family >= 0:
+            name = _INTEL_FAMILY6.get(model) if family == 6 else None
+            if model == 85 and family == 6:      # one model number, three generations
+                try:
+                    stepping = int(fields.get("stepping", ""))
+                except ValueError:
+                    stepping = -1
+                name = ("Cooper Lake" if stepping >= 10 else "Cascade Lake"
+                        if stepping >= 5 else "Skylake-SP")
+            return f"Intel {name}" if name else f"Intel (family {family} model {model})"
+        if vendor in ("AuthenticAMD", "HygonGenuine") and family >= 0:
+            if vendor == "HygonGenuine":
+                return "Hygon Dhyana (Zen 1)" if family == 24 else \
+                    f"Hygon (family {family} model {model})"
+            if family == 23:
+                zen1 = model < 0x30 or 0x50 <= model < 0x60
+                return "AMD Zen 1" if zen1 else "AMD Zen 2"
+            if family == 25:    # Zen 3 and Zen 4 share it; Zen 4 has AVX-512
+                return "AMD Zen 4" if "avx512f" in flags else "AMD Zen 3"
+            if family == 26:
+                return "AMD Zen 5"
+            return f"AMD (family {family} model {model})"
+        machine = platform.machine().lower() if fallback else ""
+        if "cpu implementer" in fields or machine in ("arm64", "aarch64"):
+            return "Apple/ARM"
+        if fallback:
+            return platform.processor() or platform.machine() or "unknown"
+        return "unknown"
+    except Exception:       # a benchmark label must never stop a benchmark
+        return "unknown"
