@@ -20,7 +20,7 @@ $(VENV)/.reader-installed: $(VENV)/.installed requirements-reader.txt
 	touch $@
 
 $(VENV)/.dev-installed: $(VENV)/.installed requirements-dev.txt requirements-reader.txt \
-		scripts/install_llama_cpp.sh
+		scripts/install_llama_cpp.sh scripts/llama_cpp_flags.sh
 	$(PY) -m pip install -q -r requirements-dev.txt
 	PYTHON=$(PY) bash scripts/install_llama_cpp.sh
 	touch $@

@@ -91,8 +91,9 @@ _GROUPS = {
         _arg("--speculate", metavar="HOW", default=None,
              help="'lookup': guess by copying from the prompt and the answer so far; "
              "'draft:MODEL': guess with a smaller model of the same vocabulary"),
-        _arg("--draft-max", type=int, default=8, metavar="N",
-             help="at most N guesses checked per step (default 8)"),
+        _arg("--draft-max", type=int, default=7, metavar="N",
+             help="at most N guesses checked per step (default 7: with the chosen "
+             "token, one 8-row tile of the kernels)"),
     ]),
     "sampling": ("sampling (defaults: the Qwen3 model card's)", [
         _arg(flag, dest=field, type=kind, default=None, help=text)

@@ -63,7 +63,12 @@ import numpy as np
 from .errors import FucinaError
 from .sampler import Distribution, Sampler, SamplerConfig, draw
 
-DEFAULT_DRAFT_MAX = 8
+# 7 guesses + the chosen token = 8 rows: one tile of the multi-row kernels
+# (quant/_ir.py TILE), which unpack each weight block once per tile.  A ninth row
+# starts a second tile: on the default model (2-core Xeon, avx512vnni, 2026-12-02) a
+# verify step of 8 rows took 82-98 ms and one of 9 rows 125-129 ms, and a code edit
+# decoded 2.1x faster with 7 guesses per step than 1.6-1.9x with 8.
+DEFAULT_DRAFT_MAX = 7
 
 
 @dataclass
@@ -89,13 +94,16 @@ class PromptLookup:
     n tokens (n from `ngram_max` down to `ngram_min`), and the tokens after it.
 
     Longer n-grams first: a 3-token match is rarely an accident, a 1-token match
-    usually is.  `ngram_min` = 2 by default: on free prose a single repeated token
-    (" the", ",") matched often and its guesses were mostly wrong, each one a row
-    of wasted verify work.  The most recent occurrence wins over the first one: in
-    an answer that rewrites its prompt, the nearest copy is the one being followed.
+    usually is.  `ngram_min` = 3 by default: on free prose a repeated token or pair
+    (" the", ", and") matched often and its guesses were mostly wrong, each one a row
+    of wasted verify work.  Replayed on the default model's greedy answers to the
+    held-in prompts of bench/bench_speculative.py (64 tokens, measured step costs):
+    ngram_min 2 -> 3 took a story from 0.93x to 1.01x and left the code edits at
+    2.4-2.7x.  The most recent occurrence wins over the first one: in an answer
+    that rewrites its prompt, the nearest copy is the one being followed.
     """
 
-    def __init__(self, ngram_max: int = 3, ngram_min: int = 2):
+    def __init__(self, ngram_max: int = 3, ngram_min: int = 3):
         if not 1 <= ngram_min <= ngram_max:
             raise FucinaError(f"prompt lookup needs 1 <= ngram_min <= ngram_max, got "
                               f"{ngram_min}, {ngram_max}")
