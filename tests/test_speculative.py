@@ -367,3 +367,39 @@ def test_a_speculating_server_answers_as_a_plain_one(coder_model):
             answers.append(got)
     assert answers[0] == answers[1]
     assert health["accepted"] > 0 and health["drafted"] >= health["accepted"]
+
+
+# --- the command line --------------------------------------------------------------------
+
+def _fucina(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "fucina_course", *map(str, args)],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_generate_with_lookup_prints_the_same_text_and_its_stats(tmp_path):
+    path = cached_synthetic(TINY_QWEN3)
+    common = ["generate", path, "--prompt", "1, 2, 3, 1, 2, 3, 1, 2", "--gen", "40",
+              "--ignore-eos"]
+    plain = _fucina(*common, "--ids-out", tmp_path / "plain.txt")
+    fast = _fucina(*common, "--speculate", "lookup", "--draft-max", "4", "--stats",
+                   "--ids-out", tmp_path / "fast.txt")
+    assert plain.returncode == 0 and fast.returncode == 0, fast.stderr
+    assert fast.stdout == plain.stdout
+    assert (tmp_path / "fast.txt").read_text() == (tmp_path / "plain.txt").read_text()
+    assert "speculation:" in fast.stderr and "accepted" in fast.stderr
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--speculate", "ngram"], "--speculate must be 'lookup' or 'draft:MODEL'"),
+    (["--speculate", "draft:"], "--speculate must be 'lookup' or 'draft:MODEL'"),
+    (["--speculate", "lookup", "--draft-max", "0"], "--draft-max must be at least 1"),
+    (["--speculate", "draft:/no/such/file.gguf"], "no/such/file.gguf"),
+])
+def test_cli_bad_speculation_flags_give_one_line(flags, message):
+    r = _fucina("chat", cached_synthetic(TINY_QWEN3), "hello", *flags)
+    assert r.returncode == 1
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
