@@ -32,8 +32,8 @@ def _kernel_lines(types=None) -> list[str]:
     """`info --kernels`: the instruction-set level and each format's kernels."""
     from .quant import isa, kernel_choices
 
-    out = [f"kernels: level {isa.level} (this CPU runs {', '.join(isa.USABLE)}; "
-           f"FUCINA_SIMD=<level> forces a lower one)",
+    out = [f"kernels: level {isa.level} on {isa.cpu_family()} (this CPU runs "
+           f"{', '.join(isa.USABLE)}; FUCINA_SIMD=<level> forces a lower one)",
            f"  {'format':<6} {'level':<10}  {'matvec (decode)':<34} matmul (prefill)"]
     for name, level, mv, mm in kernel_choices(types):
         out.append(f"  {name:<6} {level:<10}  {mv:<34} {mm}")
