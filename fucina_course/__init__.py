@@ -25,6 +25,8 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat_template.py a model file's Jinja template, rendered in a bounded sandbox
     chat.py          chat formats; Conversation (multi-turn, streaming, prefix reuse)
+    speculative.py   speculative decoding: drafters (prompt lookup, a draft model), the
+                     verify step, the min(1, p/q) rule; the same tokens in fewer steps
     grammar.py       JSON / JSON-schema output: llguidance token masks via the sampler
     scheduler.py     continuous batching for the server: slots, a bounded queue, prefixes
     server.py        `fucina serve`: the OpenAI-compatible HTTP API over the scheduler
@@ -100,6 +102,8 @@ _PUBLIC = {
     "load_model": "catalog",
     "Sampler": "sampler", "SamplerConfig": "sampler",
     "Conversation": "chat", "ChatTemplate": "chat_template",
+    "Speculator": "speculative", "PromptLookup": "speculative",
+    "DraftModel": "speculative",
     **{name: "errors" for name in (
         "FucinaError", "ModelFileError", "MetadataError", "UnsupportedArchitecture",
         "UnsupportedFormat",

@@ -491,7 +491,11 @@ class Conversation:
         from .speculative import verify_step
 
         base = len(self._tokens)
-        rows = verify_step(self.model, ids, self.cache)
+        try:
+            rows = verify_step(self.model, ids, self.cache)
+        except BaseException:         # Ctrl-C mid-step: the cache keeps what we list
+            self.cache.truncate(base)
+            raise
         self.cache.truncate(base + 1)
         self._tokens.append(ids[0])
         self._text = None
