@@ -293,12 +293,8 @@ class Model:
         Stops after `max_new_tokens`, at a stop id (default: the tokenizer's end-of-turn
         ids; the stop token is included in the result), or when the cache is full.
         """
-        prompt_ids = list(prompt_ids)
-        if stop_ids is None:
-            stop_ids = set(self.tokenizer.eot_ids) if self.tokenizer else set()
-        if cache is None:
-            capacity = min(self.config.context_length, len(prompt_ids) + max_new_tokens)
-            cache = self.new_cache(capacity)
+        prompt_ids, stop_ids, cache = self.generation_setup(prompt_ids, max_new_tokens,
+                                                            stop_ids, cache)
         out: list[int] = []
         if max_new_tokens <= 0:
             return out
@@ -311,6 +307,17 @@ class Model:
             if nxt in stop_ids or len(out) >= max_new_tokens or cache.remaining < 1:
                 return out
             logits = self.forward_step([nxt], cache.len, cache)
+
+    def generation_setup(self, prompt_ids, max_new_tokens: int, stop_ids, cache):
+        """`generate`'s defaults (also speculative.generate's): the prompt as a list,
+        the stop ids (the tokenizer's end-of-turn ids), a cache that fits."""
+        prompt_ids = list(prompt_ids)
+        if stop_ids is None:
+            stop_ids = set(self.tokenizer.eot_ids) if self.tokenizer else set()
+        if cache is None:
+            capacity = min(self.config.context_length, len(prompt_ids) + max_new_tokens)
+            cache = self.new_cache(capacity)
+        return prompt_ids, stop_ids, cache
 
     # --- the forward pass -------------------------------------------------------------
 

@@ -326,12 +326,8 @@ def generate(model, prompt_ids, max_new_tokens: int, speculator: Speculator, *,
              stop_ids=None, cache=None, on_token=None) -> list[int]:
     """Greedy generation with speculation: the same tokens as `Model.generate`
     (bit-identical logits, module docstring), in fewer forward steps."""
-    prompt_ids = list(prompt_ids)
-    if stop_ids is None:
-        stop_ids = set(model.tokenizer.eot_ids) if model.tokenizer else set()
-    if cache is None:
-        capacity = min(model.config.context_length, len(prompt_ids) + max_new_tokens)
-        cache = model.new_cache(capacity)
+    prompt_ids, stop_ids, cache = model.generation_setup(prompt_ids, max_new_tokens,
+                                                         stop_ids, cache)
     out: list[int] = []
     if max_new_tokens <= 0:
         return out
