@@ -803,7 +803,8 @@ def test_info_kernels_prints_the_table():
     out = subprocess.run([sys.executable, "-m", "fucina_course", "info", "--kernels"],
                          env=env, text=True, capture_output=True, check=True).stdout
     lines = out.splitlines()
-    assert lines[0].startswith(f"kernels: level {isa.USABLE[0]} (this CPU runs")
+    assert lines[0].startswith(f"kernels: level {isa.USABLE[0]} on {isa.cpu_family()} "
+                               "(this CPU runs")
     rows = {line.split()[0]: line.split()[1] for line in lines[2:]}
     assert set(rows) == {t.name for t in ALL}
     for t in INT_TYPES:
