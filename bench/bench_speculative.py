@@ -24,7 +24,6 @@ machine line names the CPU and the kernels' instruction-set level.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
@@ -110,8 +109,7 @@ PROMPTS = {
 def machine() -> str:
     from fucina_course.quant import isa
 
-    family = getattr(isa, "cpu_family", lambda: platform.processor())()
-    return f"{family}, kernels at {isa.level}"
+    return f"{isa.cpu_family()}, kernels at {isa.level}"
 
 
 def answer(model, text, tokens, config, speculator):

@@ -20,8 +20,8 @@ commit.  With a `Speculator` (speculative.py) one forward step checks the sample
 token and a drafter's guesses, and commits every guess the sampler agrees with.
 The conversation is the one owner of "the ids it lists are exactly the ids in its
 cache, and its text is what they spell": only its own methods (`rewind`, `extend`,
-`step`, `verify`, `accept`, `end_turn`) change the three, so an error or Ctrl-C anywhere leaves a conversation
-that can go on.
+`step`, `verify`, `accept`, `end_turn`) change the three, so an error or Ctrl-C
+anywhere leaves a conversation that can go on.
 """
 
 from __future__ import annotations

@@ -17,16 +17,16 @@ end_turn are the only ways to change them) holds here too.  The loop:
     leave     a job that ended (or was cancelled) gives back its slot at once
 
 So a request joins the batch at the step after its prefill and leaves at the step
-it ends; the others do not wait for it.
+it ends; the others do not wait for it.  Rejected alternative: static batches
+(collect N requests, run them to the end together), which make a short answer wait
+for the longest one and a new request wait for the whole batch.
 
 Speculation (`speculator`, `fucina serve --speculate`): while one job decodes
 alone, its step is a verify step (`_Turn.speculate`: its chosen token and the
 drafter's guesses, every agreed guess committed); with two or more the plain
 batched step runs, since the batch already shares each read of the weights.  A
 deterministic drafter leaves every job's tokens as they are (speculative.py), so
-the rule "same tokens as alone" still holds.  Rejected alternative: static batches
-(collect N requests, run them to the end together), which make a short answer wait
-for the longest one and a new request wait for the whole batch.
+the rule "same tokens as alone" still holds.
 
 Same tokens as alone.  Each job keeps its own `Sampler` (its own seeded stream, one
 draw per token) and its own cache, and a batched decode row is computed like a

@@ -157,12 +157,10 @@ class DraftModel:
         limit = min(limit, self.cache.capacity - len(tokens))
         if limit < 1:
             return Draft([])
-        keep = 0
-        for a, b in zip(self.tokens, tokens):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(tokens) - 1)        # at least one token to get logits
+        from .chat import common_prefix
+
+        # at least one token to run, for its logits
+        keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
         self.cache.truncate(keep)
         del self.tokens[keep:]
         logits = self.model.forward_step(tokens[keep:], keep, self.cache)
