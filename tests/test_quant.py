@@ -961,11 +961,13 @@ def test_matmul_paths_agree_with_matvec(t, kernels):
 
 @pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)
 def test_rows_kernels_bit_identical_to_matvec(t, int_level):
-    # every tile shape (m around the 8-row tile, more than one tile), row counts that
-    # are not multiples of the 16-row chunks, odd block counts (the 32-element
-    # formats' ymm tail block)
+    # every tile shape (m around the 8-row tile, more than one tile; the rows left
+    # after the full tiles through each body: 8 rows guarded for 5-7, 4 for 3-4, 2
+    # for 1-2), row counts that are not multiples of the 16-row chunks, odd block
+    # counts (the 32-element formats' ymm tail block)
     rng = np.random.default_rng(21)
-    cases = ((37, 3, (2, 7, 8, 9)), (70, 5, (1, 3, 16, 17, 33)), (5, 1, (4, 12)))
+    cases = ((37, 3, (2, 5, 7, 8, 9)), (70, 5, (1, 3, 6, 13, 16, 17, 33)),
+             (5, 1, (4, 10, 12)))
     for n_out, nb, ms in cases:
         nb = nb if QK[t] == 256 else 2 * nb + 1
         n_in = nb * QK[t]

@@ -86,7 +86,7 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
     last rows) does q4k_row's float work row by row instead: the 8-lane form cost it
     for rows it does not have (batch-decode sweep, m = 2 / 4: 0.71-0.91 / 0.73-0.94
     of before)."""
-    assert rows.n == 8, rows.n
+    assert rows.n == 8 or not rows.full, rows.n
     bpb = FORMATS[T.Q5_K if five else T.Q4_K].block_bytes
     nl = width // 32
     zero = ir.Constant(V(I32, nl), None)

@@ -38,8 +38,10 @@ F32 = ir.FloatType()
 F16 = ir.HalfType()
 I8P = I8.as_pointer()
 
-# activation rows per pass over a weight row (docs/BENCHMARKS.md#multi-row-kernels)
+# activation rows per pass over a weight row (docs/BENCHMARKS.md#multi-row-kernels), and
+# the smaller bodies that take the rows left after the full tiles (`define_matmul`)
 TILE = 8
+SMALL_TILES = (4, 2)
 
 
 def V(t, n):
@@ -366,8 +368,19 @@ def define_matmul(mod, name, tile_body, bpb, pf, tile_side=None):
     `tile_body(b, w_r, nblk, tile, pf, rows)` stores y[t, col + r] for the tile's rows.
     The tile loop is outside the row loop: a chunk of weight rows (a few KB) stays in
     L1 while the tiles pass over it.  (avx2, whose 16 ymm registers spill with 8 rows'
-    accumulators, ran no faster with tiles of 4 or 6:
+    accumulators, ran no faster with tiles of 4 or 6 on long prompts:
     docs/BENCHMARKS.md#instruction-set-levels.)
+
+    The rows left after the full tiles (all of them in batch decode and in a
+    speculative verify step of 2-7 rows) go through the smallest of three bodies that
+    holds them: 8, 4 or 2 rows (`SMALL_TILES`).  The 8-row body with guarded rows keeps
+    all 8 rows' accumulators live even when 2 rows run, and at avx2 they spill: on the
+    default model (Zen 2, avx2) 2 rows of the lm_head (Q8_0, from memory) took 13.1 ms
+    against 5.3 for one row, 4 rows of gate+up (Q5_0) 1.09 ms against 0.30; with the
+    small bodies 5.8 and 0.85 ms, and 4 streams decode 79.5 tok/s instead of 51-64
+    (docs/BENCHMARKS.md#multi-row-kernels).  Each row's work is the same in every body,
+    so results do not change.  Cost: LLVM compiles three bodies instead of one
+    (all seven formats, avx2: 1.4 -> 2.3 s of a cold first start's worker thread).
 
     With `tile_side(b, nblk)` (Q4_K / Q5_K), full tiles run a copy of the body without
     the per-row `k < nr` branches (only a last partial tile needs them): fewer
@@ -382,30 +395,49 @@ def define_matmul(mod, name, tile_body, bpb, pf, tile_side=None):
     nblk = b.udiv(rb, i64(bpb))
     fill = tile_side(b, nblk) if tile_side is not None else None
 
-    def tile_rows(t0, nr, full):
+    def tile_rows(t0, nr, full, n=TILE):
         tile = Tile(x, xst, xd, xdst, xs, xsst, s, sst, y, yst, t0, nr, None)
-        if fill is not None:
-            fill(b, tile, Rows(tile, full=full))
+        if fill is not None and full:
+            fill(b, tile, Rows(tile, n, full=True))
         with for_range(b, r0, r1) as r:
             tile.col = b.add(col, r)
             tile_body(b, b.gep(w, [b.mul(r, rb)]), nblk, tile, i64(pf),
-                      Rows(tile, full=full))
+                      Rows(tile, n, full=full))
 
-    if fill is None:                  # every tile through the guarded body
-        with for_range(b, i64(0), b.udiv(b.add(m, i64(TILE - 1)), i64(TILE))) as k:
+    # tiles of up to TILE rows while more than SMALL_TILES[0] rows are left, then
+    # the rest (if any) in the smallest body that holds it
+    nbig = b.udiv(b.add(m, i64(TILE - SMALL_TILES[0] - 1)), i64(TILE))
+    if fill is None:                  # every big tile through the guarded body
+        with for_range(b, i64(0), nbig) as k:
             t0 = b.mul(k, i64(TILE))
             nr = b.sub(m, t0)
             tile_rows(t0, b.select(b.icmp_signed("<", nr, i64(TILE)), nr, i64(TILE)),
                       False)
-        b.ret_void()
-        return
-    nfull = b.udiv(m, i64(TILE))
-    with for_range(b, i64(0), nfull) as k:
-        tile_rows(b.mul(k, i64(TILE)), i64(TILE), True)
-    t0 = b.mul(nfull, i64(TILE))
-    with b.if_then(b.icmp_signed("<", t0, m)):
-        tile_rows(t0, b.sub(m, t0), False)
+    else:                             # full tiles unguarded, a last one of 5-7 guarded
+        nfull = b.udiv(m, i64(TILE))
+        with for_range(b, i64(0), nfull) as k:
+            tile_rows(b.mul(k, i64(TILE)), i64(TILE), True)
+        with b.if_then(b.icmp_signed("<", nfull, nbig)):
+            t0 = b.mul(nfull, i64(TILE))
+            tile_rows(t0, b.sub(m, t0), False)
+    t0 = b.mul(nbig, i64(TILE))
+    rest = b.sub(m, t0)
+    with b.if_then(b.icmp_signed(">", rest, i64(0))):
+        _smallest_body(b, rest, lambda n: tile_rows(t0, rest, False, n))
     b.ret_void()
+
+
+def _smallest_body(b, nr, emit, sizes=SMALL_TILES):
+    """emit(n) for the smallest n of `sizes` (descending) that holds nr rows."""
+    n, smaller = sizes[0], sizes[1:]
+    if not smaller:
+        emit(n)
+        return
+    with b.if_else(b.icmp_signed(">", nr, i64(smaller[0]))) as (big, small):
+        with big:
+            emit(n)
+        with small:
+            _smallest_body(b, nr, emit, smaller)
 
 
 class for_range:
@@ -476,8 +508,8 @@ class Tile:
 
 
 class Rows:
-    """The TILE rows of a tile in straight-line code, each behind a `k < nr` branch
-    (row 0 always runs: nr >= 1), with per-row accumulators.  Only rows < nr are stored.
+    """The n rows of a tile (TILE, or one of SMALL_TILES) in straight-line code, each
+    behind a `k < nr` branch (row 0 always runs: nr >= 1), with per-row accumulators.  Only rows < nr are stored.
     Why unrolled and branch-guarded: docs/BENCHMARKS.md#multi-row-kernels."""
 
     def __init__(self, tile, n=TILE, full=False):
