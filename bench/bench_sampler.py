@@ -36,10 +36,10 @@ PROMPT = ("Write a long story about a lighthouse keeper who finds a message in a
 
 
 def isa_level() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo")
-                     if line.startswith("flags")).split()
-    except (OSError, StopIteration):
+    from fucina_course.quant.isa import cpu_flags
+
+    flags = cpu_flags()
+    if not flags:
         return platform.machine()
     for level, needed in (("AVX-512", "avx512f"), ("AVX2", "avx2"), ("AVX", "avx")):
         if needed in flags:

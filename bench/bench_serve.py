@@ -30,9 +30,9 @@ system prompt is shared, and both servers may reuse it).  Per round:
 
 The table gives, per client count, the best round's tokens/s (best of R) and the
 lowest round-median TTFT; `--json OUT` keeps every round.  The ratio is
-fucina / llama-cpp-python.  CPU: the model name and x86-64 level from /proc/cpuinfo,
-fucina's kernel level (`fucina_course.quant.isa.level`) and the llama.cpp build's
-best instruction set (`llama_print_system_info`).
+fucina / llama-cpp-python.  CPU: the model name, family and x86-64 level from
+/proc/cpuinfo (`quant.isa`), fucina's kernel level (`fucina_course.quant.isa.level`)
+and the llama.cpp build's best instruction set (`llama_print_system_info`).
 
 Needs llama-cpp-python's server extras (`pip install 'llama-cpp-python[server]'`, or
 the pins in requirements-dev.txt: sse-starlette, starlette-context, pydantic-settings).
@@ -85,15 +85,9 @@ def prompt(i: int) -> str:
 # --- the machine ------------------------------------------------------------------
 
 def cpu_info() -> dict:
-    name, flags = platform.processor() or "?", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and name in ("?", "", "x86_64"):
-                name = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    from fucina_course.quant.isa import cpu_family, cpu_flags, cpu_name
+
+    name, flags = f"{cpu_name()} ({cpu_family()})", cpu_flags()
     v2 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}
     v3 = {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}
     v4 = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}

@@ -361,15 +361,9 @@ def main() -> None:
         print(line, file=sys.stderr)
     with_lb = any(r[8] for r in rows)
     if args.markdown:
-        from fucina_course.quant.isa import cpu_family
+        from fucina_course.quant.isa import cpu_family, cpu_name
 
-        cpu = "?"
-        try:
-            cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                       if line.startswith("model name"))
-        except (OSError, StopIteration):
-            pass
-        cpu = f"{cpu} ({cpu_family()})"
+        cpu = f"{cpu_name()} ({cpu_family()})"
         emu = ("levels below avx512vnni emulate a CPU without AVX-512 (numba, "
                "OpenBLAS)" if args.emulate else "FUCINA_SIMD only")
         rounds = (f"; {args.rounds} rounds (each fucina run followed by llama.cpp's): "

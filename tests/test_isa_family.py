@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fucina_course.quant.isa import cpu_family
+from fucina_course.quant.isa import cpu_family, cpu_flags, cpu_name
 
 
 def cpuinfo(vendor: str, family: int, model: int, flags: str = "fpu sse2 avx2",
@@ -44,3 +44,14 @@ def test_cpu_family_from_cpuinfo(text, expected):
 def test_cpu_family_of_this_machine_is_a_short_string():
     name = cpu_family()
     assert isinstance(name, str) and 0 < len(name) < 60
+
+
+def test_cpu_name_and_flags_from_cpuinfo():
+    # the first processor's block only, as cpu_family reads it
+    text = cpuinfo("AuthenticAMD", 23, 49, "fpu avx2 fma", name="AMD EPYC 7B12")
+    assert cpu_name(text) == "AMD EPYC 7B12"
+    assert cpu_flags(text) == {"fpu", "avx2", "fma"}
+    assert cpu_name("") == "?" and cpu_flags("") == frozenset()
+    assert cpu_name("garbage\x00") == "?"
+    # this machine: whatever it is, a non-empty name, and flags on x86 Linux
+    assert cpu_name() and isinstance(cpu_flags(), frozenset)

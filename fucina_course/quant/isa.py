@@ -177,6 +177,27 @@ def _cpuinfo_fields(text: str) -> dict[str, str]:
     return fields
 
 
+def _read_cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def cpu_name(text: str | None = None) -> str:
+    """The first processor's "model name" from /proc/cpuinfo (or `text`), else
+    platform.processor() or "?".  (The benchmarks' one reader of it.)"""
+    name = _cpuinfo_fields(_read_cpuinfo() if text is None else text).get("model name")
+    return name or (platform.processor() if text is None else "") or "?"
+
+
+def cpu_flags(text: str | None = None) -> frozenset[str]:
+    """The first processor's cpuinfo flags (empty where there is no /proc/cpuinfo)."""
+    fields = _cpuinfo_fields(_read_cpuinfo() if text is None else text)
+    return frozenset(fields.get("flags", "").split())
+
+
 def cpu_family(text: str | None = None) -> str:
     """A short name of this CPU's microarchitecture family, e.g. "Intel Sapphire Rapids",
     "AMD Zen 4", read from /proc/cpuinfo (or from `text`, a cpuinfo text: tests).
@@ -190,15 +211,9 @@ def cpu_family(text: str | None = None) -> str:
     "unknown".
     """
     try:
+        fallback = text is None
         if text is None:
-            try:
-                with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                    text = f.read()
-            except OSError:
-                text = ""
-            fallback = True
-        else:
-            fallback = False
+            text = _read_cpuinfo()
         fields = _cpuinfo_fields(text)
         vendor = fields.get("vendor_id", "")
         flags = set(fields.get("flags", "").split())
