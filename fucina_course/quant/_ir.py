@@ -380,7 +380,8 @@ def define_matmul(mod, name, tile_body, bpb, pf, tile_side=None):
     small bodies 5.8 and 0.85 ms, and 4 streams decode 79.5 tok/s instead of 51-64
     (docs/BENCHMARKS.md#multi-row-kernels).  Each row's work is the same in every body,
     so results do not change.  Cost: LLVM compiles three bodies instead of one
-    (all seven formats, avx2: 1.4 -> 2.3 s of a cold first start's worker thread).
+    (all seven formats, avx2: 1.4 -> 2.1 s of a cold first start's worker thread; the
+    France question's cold first start 8.8-8.9 -> 9.1-9.5 s; warm: unchanged).
 
     With `tile_side(b, nblk)` (Q4_K / Q5_K), full tiles run a copy of the body without
     the per-row `k < nr` branches (only a last partial tile needs them): fewer
