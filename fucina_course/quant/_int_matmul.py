@@ -7,7 +7,8 @@ from memory once per tile instead of once per row.  That took short prefill (pp1
 from 40 to 165 tok/s (avx512vnni, 2026-11-29, docs/BENCHMARKS.md#multi-row-kernels).
 
 Per activation row the float work is the one-row builder's, operation for operation
-(same lanes, same `d * float(lane)` fma per block, same final tree sum; for Q4_K / Q5_K
+(same lanes, same `d * float(lane)` fma per block, same final tree sum; at avx2 the
+same fma per four blocks on their per-block integer totals, `totals4`; for Q4_K / Q5_K
 the same fma on each super-block's integer totals, done for the 8 rows as the 8 lanes
 of one vector), and the integer sums are equal, so row i of the result is bit-identical
 to `matvec` of row i at the same level (tests/test_quant.py asserts equality): N streams
@@ -42,11 +43,11 @@ from ._int_matvec import (blk32_pair, blk32_quants, blk32_scales, blk32_signed,
                           q4k_dot, q4k_min_words, q4k_quants, q4k_result,
                           q4k_scale_words, q4k_scales, q4k_x, q5k_high_bits,
                           q6k_pair_scales, q6k_quants, q6k_scale_words, q6k_scales,
-                          row_spec, unsigned_offset)
+                          quad_scales, row_spec, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
                   const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
                   i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
-                  splat, sum_rows)
+                  splat, sum_rows, totals4)
 from .formats import FORMATS, registers
 
 
@@ -240,9 +241,10 @@ def _blk32_form(level, t):
 
 
 def blk32_rows(b, w, nb, tile, pf, rows, level, t):
-    """blk32_row for a tile of activation rows (x + 128 for the offset forms): at
-    avx512vnni two blocks per zmm iteration and an odd last block through ymm, else
-    one block per ymm iteration; each row's float work as in blk32_row."""
+    """blk32_row for a tile of activation rows (x + 128 for the offset forms): two
+    blocks per iteration (a zmm at avx512vnni) and an odd last block alone, or at avx2
+    four blocks per iteration and the last nb % 4 alone (as blk32_row_quads); each
+    row's float work as in the one-row kernel."""
     bpb = FORMATS[t].block_bytes
     off = unsigned_offset(t)
     form = _blk32_form(level, t)
@@ -287,29 +289,12 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
             return dot4(b, level, None, *abs_sign(b, wq, xv))
         return dot4(b, level, None, wq, xv)
 
-    acc2 = rows.acc(b, V(F32, 16))
-    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
-    npair = b.sdiv(nb, i64(2))
-    with for_range(b, i64(0), npair) as index:
-        i, p = blk32_pair(b, w, index, bpb, pf)
-        dvw, mvw = blk32_scales(b, p, t, 2)
-        wq, corr = weights(blk32_quants(b, p, t, 2, level))
-
-        def row(r, k):
-            x, xd, xs, s = tile.ptrs(b, r)
-            dvr = b.fmul(dvw, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
-            dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
-            o = b.mul(i, i64(32))
-            dot = lanes(wq, corr, (x, o), (s, o), 64)
-            pa = acc2(b, k)
-            b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
-            if with_min:
-                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
-                pm = accm(b, k)
-                b.store(fma(b, mvw, xm, b.load(pm)), pm)
-        rows.each(b, row)
-    rows.each(b, lambda r, k: b.store(fold16(b, b.load(acc2(b, k))), acc(b, k)))
-    start = b.mul(npair, i64(2))
+    if level == isa.AVX2:
+        start = _blk32_quads(b, w, nb, tile, pf, rows, level, t, weights, lanes, acc,
+                             accm)
+    else:
+        start = _blk32_pairs(b, w, nb, tile, pf, rows, level, t, weights, lanes, acc,
+                             accm)
     with for_range(b, start, nb) as i:
         o = b.mul(i, i64(bpb))
         prefetch(b, w, b.add(o, pf))
@@ -339,6 +324,69 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
             total = b.fadd(total, mins)
         return total
     rows.finish(b, result)
+
+
+def _blk32_pairs(b, w, nb, tile, pf, rows, level, t, weights, lanes, acc, accm):
+    """blk32_rows' block pairs (the VNNI levels): as blk32_row, 16 float lanes per row,
+    folded into acc at the end.  Returns the first block left."""
+    bpb = FORMATS[t].block_bytes
+    with_min = FORMATS[t].m_offset is not None
+    acc2 = rows.acc(b, V(F32, 16))
+    rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, 16), None), acc2(b, k)))
+    npair = b.sdiv(nb, i64(2))
+    with for_range(b, i64(0), npair) as index:
+        i, p = blk32_pair(b, w, index, bpb, pf)
+        dvw, mvw = blk32_scales(b, p, t, 2)
+        wq, corr = weights(blk32_quants(b, p, t, 2, level))
+
+        def row(r, k):
+            x, xd, xs, s = tile.ptrs(b, r)
+            dvr = b.fmul(dvw, load(b, xd, b.mul(i, i64(4)), V(F32, 2)))
+            dvr = shuffle(b, dvr, dvr, [0] * 8 + [1] * 8)
+            o = b.mul(i, i64(32))
+            dot = lanes(wq, corr, (x, o), (s, o), 64)
+            pa = acc2(b, k)
+            b.store(fma(b, dvr, b.sitofp(dot, V(F32, 16)), b.load(pa)), pa)
+            if with_min:
+                xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+                pm = accm(b, k)
+                b.store(fma(b, mvw, xm, b.load(pm)), pm)
+        rows.each(b, row)
+    rows.each(b, lambda r, k: b.store(fold16(b, b.load(acc2(b, k))), acc(b, k)))
+    return b.mul(npair, i64(2))
+
+
+def _blk32_quads(b, w, nb, tile, pf, rows, level, t, weights, lanes, acc, accm):
+    """blk32_rows' blocks four at a time (avx2), as blk32_row_quads does them for one
+    row: each row's integer lanes summed per block (`totals4`), then one conversion
+    and one fma per four blocks.  Returns the first block left."""
+    bpb = FORMATS[t].block_bytes
+    with_min = FORMATS[t].m_offset is not None
+    nquad = b.sdiv(nb, i64(4))
+    with for_range(b, i64(0), nquad) as q:
+        side = []
+        for h in range(2):
+            i, p = blk32_pair(b, w, b.add(b.mul(q, i64(2)), i64(h)), bpb, pf)
+            dvw, mvw = blk32_scales(b, p, t, 2)
+            side.append((i, dvw, mvw, *weights(blk32_quants(b, p, t, 2, level))))
+        dw4 = shuffle(b, side[0][1], side[1][1], [0, 1, 2, 3])
+
+        def row(r, k):
+            x, xd, xs, s = tile.ptrs(b, r)
+            dots = []
+            for i, _, mvw, wq, corr in side:
+                o = b.mul(i, i64(32))
+                dots.append(lanes(wq, corr, (x, o), (s, o), 64))
+                if with_min:
+                    xm = load(b, xs, b.mul(i, i64(4)), V(F32, 2))
+                    pm = accm(b, k)
+                    b.store(fma(b, mvw, xm, b.load(pm)), pm)
+            scale = quad_scales(b, dw4, load(b, xd, b.mul(q, i64(16)), V(F32, 4)))
+            tot = b.sitofp(totals4(b, dots[0], dots[1]), V(F32, 8))
+            pa = acc(b, k)
+            b.store(fma(b, scale, tot, b.load(pa)), pa)
+        rows.each(b, row)
+    return b.mul(nquad, i64(4))
 
 
 # --- which builder each (format, level) uses ------------------------------------------

@@ -59,7 +59,8 @@ from llvmlite import ir
 from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
                   dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
-                  load_f16, madd, maddubs, packssdw, prefetch, shuffle, splat, sum_pair)
+                  load_f16, madd, maddubs, packssdw, prefetch, shuffle, splat, sum_pair,
+                  totals4)
 from .formats import FORMATS, registers
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
@@ -489,7 +490,10 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
     y = sum_b (d_w d_x)[b] * sum_j (u_j - off) x_j  (+ m_w s_x for Q4_1 / Q5_1).
     VNNI lanes start from xoff (int32[n/4], -off * the sum of their 4 activations);
     avx2 Q8_0 uses the sign trick instead.  Two blocks per iteration (a zmm, or two
-    ymm: two float chains, not one), an odd last block alone."""
+    ymm: two float chains, not one), an odd last block alone; at avx2,
+    blk32_row_quads."""
+    if level == isa.AVX2:
+        return blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t)
     bpb = FORMATS[t].block_bytes
     off = unsigned_offset(t)
     with_min = FORMATS[t].m_offset is not None
@@ -534,6 +538,73 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
         dot = blk32_lanes(b, level, t, u, xv, init)
         acc = b.load(acc_p)
         b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), acc), acc_p)
+        if with_min:
+            xm = load(b, xs, b.mul(i, i64(4)), V(F32, 1))
+            b.store(fma(b, mv, xm, b.load(accm1_p)), accm1_p)
+    total = hsum_f32(b, b.load(acc_p))
+    if with_min:
+        accm = b.load(accm_p)
+        pairs = b.fadd(b.extract_element(accm, ir.Constant(I32, 1)),
+                       b.extract_element(accm, ir.Constant(I32, 3)))
+        mins = b.fadd(pairs, b.extract_element(b.load(accm1_p), ir.Constant(I32, 0)))
+        total = b.fadd(total, mins)
+    return total
+
+
+def quad_scales(b, dw4, xd4):
+    """<8 x f32> [sA, sB, sC, sD | sA, sB, sC, sD], s = d_w d_x of four blocks, in
+    `totals4`'s lane order."""
+    s = b.fmul(dw4, xd4)
+    return shuffle(b, s, s, [0, 1, 2, 3, 0, 1, 2, 3])
+
+
+def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
+    """blk32_row at avx2: four blocks per iteration, their integer lanes summed per
+    block before the float work (`totals4`: one conversion and one fma per four blocks
+    where blk32_row does four of each), then the last nb % 4 blocks one at a time.
+    The multi-row tile (_int_matmul.blk32_rows) does the same per row, so rows stay
+    bit-identical to this.  Why: at avx2 that per-block float work was ~40% of a 4-row
+    tile's time (docs/BENCHMARKS.md#multi-row-kernels)."""
+    bpb = FORMATS[t].block_bytes
+    offsets = unsigned_offset(t) and t != T.Q8_0
+    with_min = FORMATS[t].m_offset is not None
+    acc_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
+    accm_p = alloca(b, V(F32, 4), ir.Constant(V(F32, 4), None))    # block pairs
+    accm1_p = alloca(b, V(F32, 1), ir.Constant(V(F32, 1), None))   # single blocks
+    nquad = b.sdiv(nb, i64(4))
+    with for_range(b, i64(0), nquad) as q:
+        dots, dws = [], []
+        for h in range(2):
+            i, p = blk32_pair(b, w, b.add(b.mul(q, i64(2)), i64(h)), bpb, pf)
+            if with_min:    # (d0, m0, d1, m1) * (xd0, xs0, xd1, xs1): mins in lanes 1, 3
+                dm = blk32_dm_pair(b, p, t)
+                xdxs = shuffle(b, load(b, xd, b.mul(i, i64(4)), V(F32, 2)),
+                               load(b, xs, b.mul(i, i64(4)), V(F32, 2)), [0, 2, 1, 3])
+                b.store(fma(b, dm, xdxs, b.load(accm_p)), accm_p)
+                dws.append(shuffle(b, dm, dm, [0, 2]))
+            else:
+                dws.append(blk32_scales(b, p, t, 2)[0])
+            u = blk32_quants(b, p, t, 2, level)
+            init = (load(b, xoff, b.mul(i, i64(32)), V(I32, 16)) if offsets
+                    else None)
+            xv = load(b, x, b.mul(i, i64(32)), V(I8, 64))
+            dots.append(blk32_lanes(b, level, t, u, xv, init))
+        xd4 = load(b, xd, b.mul(q, i64(16)), V(F32, 4))
+        scale = quad_scales(b, shuffle(b, dws[0], dws[1], [0, 1, 2, 3]), xd4)
+        tot = b.sitofp(totals4(b, dots[0], dots[1]), V(F32, 8))
+        b.store(fma(b, scale, tot, b.load(acc_p)), acc_p)
+    with for_range(b, b.mul(nquad, i64(4)), nb) as i:
+        o = b.mul(i, i64(bpb))
+        prefetch(b, w, b.add(o, pf))
+        p = b.gep(w, [o])
+        dv, mv = blk32_scales(b, p, t, 1)
+        d = b.fmul(b.extract_element(dv, ir.Constant(I32, 0)),
+                   load(b, xd, b.mul(i, i64(4)), F32))
+        u = blk32_quants(b, p, t, 1, level)
+        init = load(b, xoff, b.mul(i, i64(32)), V(I32, 8)) if offsets else None
+        xv = load(b, x, b.mul(i, i64(32)), V(I8, 32))
+        dot = blk32_lanes(b, level, t, u, xv, init)
+        b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), b.load(acc_p)), acc_p)
         if with_min:
             xm = load(b, xs, b.mul(i, i64(4)), V(F32, 1))
             b.store(fma(b, mv, xm, b.load(accm1_p)), accm1_p)

@@ -261,6 +261,18 @@ def _hadd_i32(builder, x, y):
                        shuffle(builder, x, y, [1, 3, 9, 11, 5, 7, 13, 15]))
 
 
+def totals4(builder, d01, d23):
+    """<8 x i32> [A, B, C, D | A, B, C, D] for two block pairs' lanes (<16 x i32>, 8
+    lanes per block: blocks A, B in d01, C, D in d23): each block's lanes 0-3 summed in
+    the low 128 bits, 4-7 in the high, by three vphaddd-like steps.  The sums are
+    exact, so their order is free; the float work that follows is then one
+    conversion and one fma per four blocks instead of four (avx2 blk32 kernels)."""
+    def half(v, k):
+        return shuffle(builder, v, v, range(8 * k, 8 * k + 8))
+    return _hadd_i32(builder, _hadd_i32(builder, half(d01, 0), half(d01, 1)),
+                     _hadd_i32(builder, half(d23, 0), half(d23, 1)))
+
+
 def sum_pair(builder, a, c):
     """<2 x i32>: (sum of a's lanes, sum of c's lanes), for <8 x i32> (a may be <16 x
     i32>: folded to 8 first).  The sums are exact, so their order is free:
