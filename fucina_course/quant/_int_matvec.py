@@ -525,6 +525,18 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
         b.store(fma(b, dv, b.sitofp(dot, V(F32, 16)), acc), acc2_p)
     b.store(fold16(b, b.load(acc2_p)), acc_p)
     start = b.mul(npair, i64(2))
+    return _blk32_singles_and_total(b, w, x, xd, xs, xoff, start, nb, pf, level, t,
+                                    offsets, acc_p, accm_p, accm1_p)
+
+
+def _blk32_singles_and_total(b, w, x, xd, xs, xoff, start, nb, pf, level, t, offsets,
+                             acc_p, accm_p, accm1_p):
+    """The end of blk32_row and blk32_row_quads: blocks start .. nb one at a time
+    into acc_p (8 lanes; the mins into accm1_p), then the row's total: the tree sum
+    of acc_p, plus for Q4_1 / Q5_1 the pairs' mins (lanes 1, 3 of accm_p) and the
+    single blocks' (_int_matmul.blk32_rows ends the same way per row)."""
+    bpb = FORMATS[t].block_bytes
+    with_min = FORMATS[t].m_offset is not None
     with for_range(b, start, nb) as i:
         o = b.mul(i, i64(bpb))
         prefetch(b, w, b.add(o, pf))
@@ -593,29 +605,8 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
         scale = quad_scales(b, shuffle(b, dws[0], dws[1], [0, 1, 2, 3]), xd4)
         tot = b.sitofp(totals4(b, dots[0], dots[1]), V(F32, 8))
         b.store(fma(b, scale, tot, b.load(acc_p)), acc_p)
-    with for_range(b, b.mul(nquad, i64(4)), nb) as i:
-        o = b.mul(i, i64(bpb))
-        prefetch(b, w, b.add(o, pf))
-        p = b.gep(w, [o])
-        dv, mv = blk32_scales(b, p, t, 1)
-        d = b.fmul(b.extract_element(dv, ir.Constant(I32, 0)),
-                   load(b, xd, b.mul(i, i64(4)), F32))
-        u = blk32_quants(b, p, t, 1, level)
-        init = load(b, xoff, b.mul(i, i64(32)), V(I32, 8)) if offsets else None
-        xv = load(b, x, b.mul(i, i64(32)), V(I8, 32))
-        dot = blk32_lanes(b, level, t, u, xv, init)
-        b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), b.load(acc_p)), acc_p)
-        if with_min:
-            xm = load(b, xs, b.mul(i, i64(4)), V(F32, 1))
-            b.store(fma(b, mv, xm, b.load(accm1_p)), accm1_p)
-    total = hsum_f32(b, b.load(acc_p))
-    if with_min:
-        accm = b.load(accm_p)
-        pairs = b.fadd(b.extract_element(accm, ir.Constant(I32, 1)),
-                       b.extract_element(accm, ir.Constant(I32, 3)))
-        mins = b.fadd(pairs, b.extract_element(b.load(accm1_p), ir.Constant(I32, 0)))
-        total = b.fadd(total, mins)
-    return total
+    return _blk32_singles_and_total(b, w, x, xd, xs, xoff, b.mul(nquad, i64(4)), nb,
+                                    pf, level, t, offsets, acc_p, accm_p, accm1_p)
 
 
 # --- which builder each (format, level) uses ------------------------------------------
