@@ -120,8 +120,8 @@ CLAIMS: dict[str, dict[str, str]] = {
         "batch_bits": W, "n_allowed": G, "p_removed": R, "serve_gain": R, "gain_words": W,
         "beyond_words": W, "serve_vs_lockstep": R, "versus_words": W},
     "14_speculative.md": {
-        "cost_words": W, "cost_8": R, "share_words": W, "tile_words": W, "ridge_rows": R, "edit_tokens": R,
-        "edit_steps": R, "batched_gap": R, "gap_words": W, "accept_rate": R,
+        "cost_words": W, "cost_8": R, "share_words": W, "tile_words": W, "ridge_rows": R,
+        "edit_tokens": R, "edit_steps": R, "batched_gap": R, "gap_words": W, "accept_rate": R,
         "edit_words": W, "edit_acceptance": R, "prose_acceptance": R, "prose_words": W,
         "prose_gain": R, "prose_why": W},
 }

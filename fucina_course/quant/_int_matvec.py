@@ -477,6 +477,13 @@ def blk32_pair(b, w, index, bpb, pf):
     return i, b.gep(w, [o])
 
 
+def blk32_lane_offsets(t, level) -> bool:
+    """Whether blk32_row's lanes start from per-lane offsets (xoff,
+    `prep_lane_offsets`): the formats stored with an offset, except avx2 Q8_0, which
+    uses the sign trick."""
+    return bool(unsigned_offset(t)) and not (level == isa.AVX2 and t == T.Q8_0)
+
+
 def blk32_lanes(b, level, t, u, xv, init):
     """The int32 lanes sum_j q_j x_j (4 products each) of one or two blocks: u the
     unsigned quants, xv the activations, init the lane offsets (None without)."""
@@ -495,9 +502,8 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
     if level == isa.AVX2:
         return blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t)
     bpb = FORMATS[t].block_bytes
-    off = unsigned_offset(t)
     with_min = FORMATS[t].m_offset is not None
-    offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
+    offsets = blk32_lane_offsets(t, level)
     acc_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
     accm_p = alloca(b, V(F32, 4), ir.Constant(V(F32, 4), None))    # block pairs
     accm1_p = alloca(b, V(F32, 1), ir.Constant(V(F32, 1), None))   # single blocks
@@ -578,7 +584,7 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
     bit-identical to this.  Why: at avx2 that per-block float work was ~40% of a 4-row
     tile's time (docs/BENCHMARKS.md#multi-row-kernels)."""
     bpb = FORMATS[t].block_bytes
-    offsets = unsigned_offset(t) and t != T.Q8_0
+    offsets = blk32_lane_offsets(t, level)
     with_min = FORMATS[t].m_offset is not None
     acc_p = alloca(b, V(F32, 8), ir.Constant(V(F32, 8), None))
     accm_p = alloca(b, V(F32, 4), ir.Constant(V(F32, 4), None))    # block pairs
@@ -588,7 +594,7 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
         dots, dws = [], []
         for h in range(2):
             i, p = blk32_pair(b, w, b.add(b.mul(q, i64(2)), i64(h)), bpb, pf)
-            if with_min:    # (d0, m0, d1, m1) * (xd0, xs0, xd1, xs1): mins in lanes 1, 3
+            if with_min:  # (d0, m0, d1, m1) * (xd0, xs0, xd1, xs1): mins in lanes 1, 3
                 dm = blk32_dm_pair(b, p, t)
                 xdxs = shuffle(b, load(b, xd, b.mul(i, i64(4)), V(F32, 2)),
                                load(b, xs, b.mul(i, i64(4)), V(F32, 2)), [0, 2, 1, 3])
@@ -651,11 +657,9 @@ def _q6k_row_spec(t, level) -> RowSpec:
 
 @registers("int_rows", T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
 def _blk32_row_spec(t, level) -> RowSpec:
-    """Lane offsets for the formats stored with one, except avx2 Q8_0 (its sign
-    trick)."""
-    off = unsigned_offset(t)
-    offsets = off and not (level == isa.AVX2 and t == T.Q8_0)
-    return RowSpec(blk32_row, dict(t=t), "offsets" if offsets else None)
+    """Lane offsets where `blk32_lane_offsets` says."""
+    return RowSpec(blk32_row, dict(t=t),
+                   "offsets" if blk32_lane_offsets(t, level) else None)
 
 
 def row_spec(t, level) -> RowSpec:

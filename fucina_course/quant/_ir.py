@@ -522,8 +522,9 @@ class Tile:
 
 class Rows:
     """The n rows of a tile (TILE, or one of SMALL_TILES) in straight-line code, each
-    behind a `k < nr` branch (row 0 always runs: nr >= 1), with per-row accumulators.  Only rows < nr are stored.
-    Why unrolled and branch-guarded: docs/BENCHMARKS.md#multi-row-kernels."""
+    behind a `k < nr` branch (row 0 always runs: nr >= 1), with per-row accumulators.
+    Only rows < nr are stored.  Why unrolled and branch-guarded:
+    docs/BENCHMARKS.md#multi-row-kernels."""
 
     def __init__(self, tile, n=TILE, full=False):
         self.tile, self.n, self.full = tile, n, full

@@ -216,7 +216,7 @@ def cpu_family(text: str | None = None) -> str:
             text = _read_cpuinfo()
         fields = _cpuinfo_fields(text)
         vendor = fields.get("vendor_id", "")
-        flags = set(fields.get("flags", "").split())
+        flags = cpu_flags(text)
         try:
             family = int(fields.get("cpu family", ""))
             model = int(fields.get("model", ""))
