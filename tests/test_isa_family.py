@@ -21,6 +21,12 @@ def cpuinfo(vendor: str, family: int, model: int, flags: str = "fpu sse2 avx2",
     (cpuinfo("GenuineIntel", 6, 143), "Intel Sapphire Rapids"),
     (cpuinfo("GenuineIntel", 6, 207), "Intel Emerald Rapids"),
     (cpuinfo("GenuineIntel", 6, 106), "Intel Ice Lake-SP"),
+    (cpuinfo("GenuineIntel", 6, 167), "Intel Rocket Lake"),
+    # a VM's model number that its flags contradict (seen 2026-12-02: Rocket Lake's
+    # number beside AMX, which Rocket Lake never had)
+    (cpuinfo("GenuineIntel", 6, 167, "avx512f amx_tile amx_int8"),
+     "Intel Sapphire Rapids+ (AMX; reported model 167)"),
+    (cpuinfo("GenuineIntel", 6, 207, "avx512f amx_tile"), "Intel Emerald Rapids"),
     (cpuinfo("GenuineIntel", 6, 85, stepping=7), "Intel Cascade Lake"),
     (cpuinfo("GenuineIntel", 6, 85, stepping=4), "Intel Skylake-SP"),
     (cpuinfo("GenuineIntel", 6, 250), "Intel (family 6 model 250)"),

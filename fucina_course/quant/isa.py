@@ -161,6 +161,8 @@ _INTEL_FAMILY6 = {
     143: "Sapphire Rapids", 207: "Emerald Rapids", 173: "Granite Rapids",
     174: "Granite Rapids-D", 175: "Sierra Forest",
 }
+# the families above whose cores have AMX (Sapphire Rapids was the first)
+_INTEL_AMX = {"Sapphire Rapids", "Emerald Rapids", "Granite Rapids", "Granite Rapids-D"}
 
 
 def _cpuinfo_fields(text: str) -> dict[str, str]:
@@ -231,6 +233,10 @@ def cpu_family(text: str | None = None) -> str:
                     stepping = -1
                 name = ("Cooper Lake" if stepping >= 10 else "Cascade Lake"
                         if stepping >= 5 else "Skylake-SP")
+            if "amx_tile" in flags and name not in _INTEL_AMX:
+                # a hypervisor may report another model number than the host's (seen:
+                # model 167, Rocket Lake, beside AMX and AVX512-FP16): the flags win
+                return f"Intel Sapphire Rapids+ (AMX; reported model {model})"
             return f"Intel {name}" if name else f"Intel (family {family} model {model})"
         if vendor in ("AuthenticAMD", "HygonGenuine") and family >= 0:
             if vendor == "HygonGenuine":
