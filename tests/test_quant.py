@@ -946,7 +946,11 @@ def test_matmul_paths_agree_with_matvec(t, kernels):
     assert np.array_equal(gemv, dec)
     assert np.array_equal(rows, dec)                          # bit-identical, not close
     assert_close(blas, dec, 1e-5, mag, t.name)
-    if matmul_mod.has_rows_kernel(w):                     # 19 < rows_blas_min_rows
+    if matmul_mod.has_packed_kernel(w):                   # 19 >= PACKED_MIN_ROWS
+        assert 19 >= matmul_mod.PACKED_MIN_ROWS
+        assert np.array_equal(auto, matmul(w, X, path="packed"))
+        assert_close(auto, dec, 1e-5, mag, t.name)
+    elif matmul_mod.has_rows_kernel(w):                   # 19 < rows_blas_min_rows
         assert 19 < matmul_mod.rows_blas_min_rows(t) and np.array_equal(auto, rows)
     else:                                                     # 19 >= PREFILL_MIN_ROWS
         assert np.array_equal(auto, blas)
@@ -981,6 +985,86 @@ def test_rows_kernels_bit_identical_to_matvec(t, int_level):
             assert matmul_mod.matmul_rows(w, X, got) is got
             assert np.array_equal(got, dec), (t.name, n_out, nb, m,
                                               np.nanmax(np.abs(got - dec)))
+
+
+PACKED_TYPES = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1]
+
+
+def _quantized_product(raw, t, n_out, n_in, X):
+    """(ref, mag) float64: gguf-py's dequantized weights times the activations as the
+    kernels see them (quantized), with Q8_1's f16-rounded block sums for Q4_1 / Q5_1
+    (ggml adds m_w * s_x per block); mag the sum of |terms|."""
+    w64 = gq.dequantize(raw, t).reshape(n_out, n_in).astype(np.float64)
+    qa = quantize_activations(X, VEC_DOT_TYPE[t])
+    xq = qa.dequantized().astype(np.float64)
+    ref, mag = xq @ w64.T, np.abs(xq) @ np.abs(w64).T
+    if qa.s is not None:
+        fmt = FORMATS[t]
+        blk = raw.reshape(n_out, -1, fmt.block_bytes)
+        mw = blk[:, :, fmt.m_offset:fmt.m_offset + 2].copy().view(np.float16)[..., 0]
+        ref += matmul_mod._q81_delta(qa).astype(np.float64) @ mw.astype(np.float64).T
+    return ref, mag
+
+
+@x86_only
+@pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
+def test_packed_gemm_against_the_dequantized_product(t, monkeypatch):
+    # _int_packed.py: 16 weight rows per lane vector, blocks repacked 64 at a time.
+    # Row counts with a partial 16-row chunk (the tile fallback) and several parts;
+    # 130 blocks = two full repacked chunks and a partial one; m around its 8-row
+    # tiles.  Reference: float64 products of gguf-py's dequantized weights with the
+    # activations as the kernel sees them (quantized), so only the float order of
+    # the sums may differ; and the same for every m (one order per output).
+    _skip_unless_usable(isa.AVX512VNNI)
+    monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
+    rng = np.random.default_rng(8)
+    for n_out, nb in ((70, 130), (32, 3), (16, 64)):
+        n_in = 32 * nb
+        raw = make_weights(t, n_out, n_in, seed=nb)
+        w = QuantMatrix(raw, t, n_out, n_in)
+        assert matmul_mod.has_packed_kernel(w)
+        X = (rng.standard_normal((33, n_in)) * rng.random((33, 1)) * 3 + 0.2)
+        X = X.astype(np.float32)
+        X[1, :32] = 0.0                                      # an all-zero block
+        ref, mag = _quantized_product(raw, t, n_out, n_in, X)
+        whole = matmul(w, X, path="packed")
+        assert_close(whole, ref, 2e-6, mag, t.name, n_out, nb)
+        for m in (1, 7, 8, 9, 16, 17):
+            got = np.full((m, n_out), np.nan, np.float32)
+            assert matmul_mod.matmul_rows(w, X[:m], got, packed=True) is got
+            assert np.array_equal(got, whole[:m]), (t.name, n_out, nb, m)
+        parts = [QuantMatrix(make_weights(t, n, n_in, seed=n), t, n, n_in, name=f"p{n}")
+                 for n in (48, 16, 20)]
+        want = np.concatenate([matmul(p, X, path="packed") for p in parts], axis=1)
+        assert np.array_equal(matmul(MultiMatrix(parts), X, path="packed"), want)
+
+
+@x86_only
+@pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
+def test_packed_gemm_extreme_quants(t, monkeypatch):
+    # saturating bytes: every weight byte 0x00 / 0xFF / 0x80 / 0x7F / 0x55 against
+    # activations at +-127 and 0; the integer block totals must stay exact
+    _skip_unless_usable(isa.AVX512VNNI)
+    monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
+    n_out, n_in = 32, 3 * 256 + 32
+    rng = np.random.default_rng(0)
+    X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0),
+                  np.full(n_in, -3.0), np.zeros(n_in)] * 5).astype(np.float32)
+    for fill in (0x00, 0xFF, 0x80, 0x7F, 0x55):
+        raw = _extreme_weights(t, n_out, n_in, fill, seed=fill)
+        w = QuantMatrix(raw, t, n_out, n_in)
+        ref, mag = _quantized_product(raw, t, n_out, n_in, X)
+        assert_close(matmul(w, X, path="packed"), ref, 2e-6, mag, t.name, hex(fill))
+
+
+def test_packed_path_elsewhere_is_the_rows_path(monkeypatch):
+    # formats and levels without the packed GEMM: path="packed" runs the tiles
+    monkeypatch.setattr(isa, "level", isa.AVX2)
+    _skip_unless_usable(isa.AVX2)
+    w = QuantMatrix(make_weights(T.Q8_0, 24, 256, seed=2), T.Q8_0, 24, 256)
+    assert not matmul_mod.has_packed_kernel(w)
+    X = np.random.default_rng(1).standard_normal((20, 256)).astype(np.float32)
+    assert np.array_equal(matmul(w, X, path="packed"), matmul(w, X, path="rows"))
 
 
 @pytest.mark.parametrize("t", INT_TYPES, ids=lambda t: t.name)

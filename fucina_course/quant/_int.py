@@ -30,6 +30,7 @@ from numba.extending import intrinsic
 
 from . import _jit, isa
 from ._int_matmul import tile_spec
+from ._int_packed import define_packed, has_packed, prep_packed
 from ._int_matvec import (PREFETCH, ROWS, blk32_row, prep_function, row_function,
                           row_spec)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep
@@ -46,10 +47,12 @@ PREP_MM = 2        # matmul's prep of each activation row (0: none, or no tiles)
 MATMUL = 3         # matmul: weight rows . tiles of activation rows (0: no tiles)
 QUANTIZER = 4      # decode's activation quantizer (activations.row_quantizer) ...
 QUANT_CODE = 5     # ... and its code: 0 Q8_0, 1 Q8_1, 2 Q8_K
-N_SLOTS = 6
+PREP_PK = 6        # the packed GEMM's prep of each activation row (0: none) ...
+PACKED = 7         # ... and the packed GEMM (_int_packed.py; 0: none)
+N_SLOTS = 8
 # the LLVM functions of `IntKernels.symbols()`, in its order
 _LLVM_SLOTS = ((PREP_MV, "prep_mv"), (MATVEC, "matvec"), (PREP_MM, "prep_mm"),
-               (MATMUL, "matmul"))
+               (MATMUL, "matmul"), (PREP_PK, "prep_pk"), (PACKED, "packed"))
 
 
 class IntKernels:
@@ -73,9 +76,18 @@ class IntKernels:
         path runs them row by row; the tile builders use x86 intrinsics)."""
         return self.level != isa.GENERIC
 
+    @property
+    def has_packed(self) -> bool:
+        """True where the packed GEMM exists (_int_packed.py: zmm VNNI, 32-element
+        formats)."""
+        return has_packed(self.ggml_type, self.level)
+
     def _slots(self) -> tuple[tuple[int, str], ...]:
-        """(slot, part) of each LLVM function: matvec's two, and matmul's with tiles."""
-        return _LLVM_SLOTS if self.has_tiles else _LLVM_SLOTS[:2]
+        """(slot, part) of each LLVM function: matvec's two, matmul's with tiles, and
+        the packed GEMM's two where it exists."""
+        if not self.has_tiles:
+            return _LLVM_SLOTS[:2]
+        return _LLVM_SLOTS if self.has_packed else _LLVM_SLOTS[:4]
 
     def symbols(self) -> list[str]:
         """The LLVM names of the functions `build` defines, in slot order."""
@@ -92,6 +104,9 @@ class IntKernels:
             tile = tile_spec(t, lv)
             define_prep(mod, names[2], tile.prep or _no_prep)
             define_matmul(mod, names[3], tile.body, bpb, PREFETCH, tile.side)
+        if self.has_packed:
+            define_prep(mod, names[4], prep_packed(t, tile.prep) or _no_prep)
+            define_packed(mod, names[5], t, mod.globals[names[3]])
 
     @property
     def cached(self) -> bool:
@@ -113,6 +128,8 @@ class IntKernels:
                 fns[PREP_MV] = 0
             if not self.has_tiles or tile_spec(t, lv).prep is None:
                 fns[PREP_MM] = 0
+            if not self.has_packed or prep_packed(t, tile_spec(t, lv).prep) is None:
+                fns[PREP_PK] = 0
             self._llvm = fns
         return self._llvm
 
@@ -301,7 +318,8 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     length (rb bytes).  x int8[m, n_in] the quantized activations, xd f32 their block
     scales, xs their side array as bytes (`QuantizedActivations.side_bytes`).
     row >= 0: matvec of activation row `row`, y f32[n_out];
-    row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened).
+    row < 0: matmul of all m rows, y f32[m * ldy] (an [m, ldy] array, flattened):
+    -1 by the tiles (fns[MATMUL]), -2 by the packed GEMM (fns[PACKED]).
     xf f32[1, n_in] (decode; else [0, 0]): the activations still as floats, quantized
     here by fns[QUANTIZER] into x, xd, xs (the caller's scratch, row 0): one call from
     Python per matvec instead of two (activations.row_quantizer).  The caller
@@ -311,9 +329,12 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
         raise NonFiniteActivations(NON_FINITE)
     m, n = x.shape
     one = row >= 0
-    prep = fns[PREP_MV] if one else fns[PREP_MM]
+    packed = row == -2
+    prep = fns[PREP_MV] if one else fns[PREP_PK] if packed else fns[PREP_MM]
+    matmul = fns[PACKED] if packed else fns[MATMUL]
     nr = 1 if one else m
-    s = np.empty((nr, n if prep != 0 else 0), np.uint8)
+    # the packed path's prep adds its block offsets after the tiles' n bytes
+    s = np.empty((nr, (n + n // 8 if packed else n) if prep != 0 else 0), np.uint8)
     if prep != 0 and one:             # decode: no second parallel region per matvec
         _call_prep(prep, x[row], s[0])
     elif prep != 0:
@@ -327,8 +348,8 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
             _call_matvec(fns[MATVEC], parts[p, 0], cr[c], r1, parts[p, 2], rb, x[row],
                          xd[row], xs[row], s[0], y)
         else:
-            _call_matmul(fns[MATMUL], parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd,
-                         xs, s, y, ldy)
+            _call_matmul(matmul, parts[p, 0], cr[c], r1, parts[p, 2], rb, x, xd, xs,
+                         s, y, ldy)
 
 
 # --- the first start ------------------------------------------------------------------
