@@ -105,7 +105,7 @@ CLAIMS: dict[str, dict[str, str]] = {
         "ctx_frac_n": R, "att_intensity": G, "att_vs_ridge": W, "ctx_q8": W, "fresh_ms": R,
         "tape_ms": R, "workspace_effect": W, "pp_256": G, "gflops_256": R, "pp_frac": R,
         "intensity_256": R, "pp_vs_ridge": W, "batch_gain": G, "batch_8": R,
-        "per_stream_slow": G, "decode_ceiling": R},
+        "per_stream_slow": G, "decode_ceiling": R, "packed_words": W},
     "08_sampling.md": {
         "p_first": G, "top90": G, "n_whispers": G, "n_lines": R, "took2": R, "p_took2": R,
         "p_other2": R, "other2": R, "second_line_words": W, "gap2": R, "prefill_words": W,

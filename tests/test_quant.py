@@ -987,7 +987,7 @@ def test_rows_kernels_bit_identical_to_matvec(t, int_level):
                                               np.nanmax(np.abs(got - dec)))
 
 
-PACKED_TYPES = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1]
+PACKED_TYPES = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
 
 
 def _quantized_product(raw, t, n_out, n_in, X):
@@ -1009,17 +1009,19 @@ def _quantized_product(raw, t, n_out, n_in, X):
 @x86_only
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
 def test_packed_gemm_against_the_dequantized_product(t, monkeypatch):
-    # _int_packed.py: 16 weight rows per lane vector, blocks repacked 64 at a time.
-    # Row counts with a partial 16-row chunk (the tile fallback) and several parts;
-    # 130 blocks = two full repacked chunks and a partial one; m around its 8-row
-    # tiles.  Reference: float64 products of gguf-py's dequantized weights with the
+    # _int_packed.py: 16 weight rows per lane vector, blocks repacked 64 (K-quants:
+    # 8 super-blocks) at a time.  Row counts with a partial 16-row chunk (the tile
+    # fallback) and several parts; 130 blocks (K-quants: 17) = two full repacked
+    # chunks and a partial one; m around its 8-row tiles.  Reference: float64 products of gguf-py's dequantized weights with the
     # activations as the kernel sees them (quantized), so only the float order of
     # the sums may differ; and the same for every m (one order per output).
     _skip_unless_usable(isa.AVX512VNNI)
     monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
     rng = np.random.default_rng(8)
-    for n_out, nb in ((70, 130), (32, 3), (16, 64)):
-        n_in = 32 * nb
+    kquant = QK[t] == 256
+    for n_out, nb in ((70, 17), (32, 2), (16, 8)) if kquant else ((70, 130), (32, 3),
+                                                                  (16, 64)):
+        n_in = QK[t] * nb
         raw = make_weights(t, n_out, n_in, seed=nb)
         w = QuantMatrix(raw, t, n_out, n_in)
         assert matmul_mod.has_packed_kernel(w)
@@ -1046,7 +1048,7 @@ def test_packed_gemm_extreme_quants(t, monkeypatch):
     # activations at +-127 and 0; the integer block totals must stay exact
     _skip_unless_usable(isa.AVX512VNNI)
     monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
-    n_out, n_in = 32, 3 * 256 + 32
+    n_out, n_in = 32, 3 * 256 + (0 if QK[t] == 256 else 32)
     rng = np.random.default_rng(0)
     X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0),
                   np.full(n_in, -3.0), np.zeros(n_in)] * 5).astype(np.float32)

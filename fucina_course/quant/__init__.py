@@ -15,11 +15,12 @@ the fly.  What lives where (data flows top to bottom):
 * matvec.py -- `matvec`: matrix x one vector (decode); the generic float kernels, and
   the dispatch table keyed by (format, instruction-set level).
 * matmul.py -- `matmul`: matrix x many rows (prefill, batch decode); multi-row integer
-  kernels, or dequantized tiles + BLAS.
+  kernels, the packed GEMM, or dequantized tiles + BLAS.
 * isa.py -- the instruction-set levels (avx512vnni, avxvnni, avx2, generic), which ones
   this CPU runs, `isa.level`; FUCINA_SIMD forces a lower one.
 * _int_matvec.py, _int_matmul.py -- the integer kernels of matvec and matmul for the
   three x86 levels, built in LLVM IR (_ir.py: IR helpers, the kernel functions);
+  _int_packed.py -- prefill's GEMM at avx512vnni, 16 weight rows repacked per call;
   _int.py -- one format's kernels at one level, compiled on first use, and `run`, the
   numba driver that runs them in parallel; _jit.py -- LLVM compiles them for exactly
   the level's features and caches the machine code on disk.
@@ -53,7 +54,8 @@ Numerics: matvec and matmul (with the default `exact_activations=True`) compute 
 formulas: the same activation rounding, the same integer block sums, the same float32
 scale products; only the order of float additions differs (~1e-7 of the sum of
 |terms|).  The multi-row kernels agree with matvec bit for bit, so a batch of N
-streams decodes exactly as N single steps.
+streams decodes exactly as N single steps; the packed GEMM (prefill, 16 rows and more)
+scales each block's exact integer total as a whole, ggml's order, not matvec's.
 
 Speed, on 2 cores of a Xeon Sapphire Rapids (AVX-512 VNNI, 2026-11-29): decode streams
 12-18 GB/s of weights over a whole Qwen3-0.6B-shaped model (llama.cpp: ~11.5 GB/s on the
@@ -69,13 +71,14 @@ from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
                       block_geometry, check_supported, row_bytes)
 from .matrix import MultiMatrix, QuantMatrix
 from .matvec import bound_matvec, matvec, matvec_quantized
-from .matmul import PREFILL_MIN_ROWS, kernel_choices, matmul
+from .matmul import (PACKED_MIN_ROWS, PREFILL_MIN_ROWS, has_packed_kernel, kernel_choices,
+                     matmul)
 
 __all__ = [
     "FORMATS", "BlockFormat", "SUPPORTED_TYPES", "VEC_DOT_TYPE", "QK_K",
     "check_supported", "block_geometry", "row_bytes", "dequantize", "dequantize_rows",
     "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "bound_matvec", "matmul",
-    "PREFILL_MIN_ROWS", "quantize_activations", "QuantizedActivations", "fake_quant",
+    "PREFILL_MIN_ROWS", "PACKED_MIN_ROWS", "has_packed_kernel", "quantize_activations", "QuantizedActivations", "fake_quant",
     "NonFiniteActivations",
     "kernel_choices",
 ]

@@ -333,8 +333,9 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     prep = fns[PREP_MV] if one else fns[PREP_PK] if packed else fns[PREP_MM]
     matmul = fns[PACKED] if packed else fns[MATMUL]
     nr = 1 if one else m
-    # the packed path's prep adds its block offsets after the tiles' n bytes
-    s = np.empty((nr, (n + n // 8 if packed else n) if prep != 0 else 0), np.uint8)
+    # the packed path's prep adds its per-row data after the tiles' n bytes (n / 4 at
+    # most: _int_packed.prep_packed)
+    s = np.empty((nr, (n + n // 4 if packed else n) if prep != 0 else 0), np.uint8)
     if prep != 0 and one:             # decode: no second parallel region per matvec
         _call_prep(prep, x[row], s[0])
     elif prep != 0:

@@ -1,30 +1,32 @@
-"""Prefill's GEMM for the 32-element formats at avx512vnni: weight rows repacked so that
-one vpdpbusd lane is one weight row (matmul's "packed" path).
+"""Prefill's GEMM at avx512vnni: weight rows repacked so that one vpdpbusd lane is one
+weight row (matmul's "packed" path), for every integer format.
 
 The tiles of _int_matmul.py keep a block's 8 int32 lanes per activation row, as the
 one-row kernel does, and so pay the float work per block per row on 8 lanes: convert,
 scale, fma.  For Q8_0 that is one conversion and one fma per vpdpbusd, and the
-conversion shares port 0 with vpdpbusd on Intel cores: the 8-row tile ran ~116
-GFLOP/s per core, the port-0 bound of that mix (Sapphire Rapids class, 2026-12-02).
+conversion competes with vpdpbusd for port 0 on Intel cores: the 8-row tile ran ~116
+GFLOP/s per core (Sapphire Rapids class, 2026-12-02, docs/BENCHMARKS.md).
 
 Here 16 weight rows are transposed once per call, 4 bytes at a time, into 8 vectors
-per block: vector k, lane j = bytes 4k..4k+3 of weight row j's block.  An activation
-row then broadcasts its 4 bytes (the `{1to16}` memory operand of vpdpbusd) and 8
-vpdpbusd leave the exact integer total of the block in each of the 16 lanes, one per
-weight row.  One conversion and one fma then finish the block for 16 weight rows:
-8 vpdpbusd + 2 float operations per (activation row, block, 16 weight rows), against
-8 + 16 in the tiles.  llama.cpp's repacked GEMMs (REPACK) do the same with 4 or 8
-rows, repacking once at load; here the repack is per call (16 rows x 64 blocks at a
-time, 40 KB of stack) and costs a few percent at m = 64: no second copy of the
-weights in memory.
+per 32 elements: vector k, lane j = bytes 4k..4k+3 of weight row j (`transpose16x8`).
+An activation row then broadcasts its 4 bytes (the `{1to16}` memory operand of
+vpdpbusd), and 8 vpdpbusd leave the exact integer total of 32 elements in each of the
+16 lanes, one per weight row.  One conversion and one fma then finish those 32
+elements for 16 weight rows: 8 vpdpbusd + 2 float operations per (activation row,
+32 elements, 16 weight rows), against 8 + 16 in the tiles.  A block's scales are laid
+out the same way, one lane per weight row (`_Blk32`, `_KQuant`).  llama.cpp's repacked
+GEMMs (REPACK) do this with 4 or 8 rows, repacking once at load; here the repack is
+per call (a chunk of ~40 KB of stack at a time) and costs a few percent at m = 64: no
+second copy of the weights in memory.
 
-Numerics: each block's total is the exact integer sum_j q_j x_j (the weights as the
-unsigned u = q + off, the activations signed; the lane starts at -off * sum_j x_j,
-`prep_packed`), then `acc = fma(d_w * d_x, float(total), acc)` block after
-block (Q4_1 / Q5_1: plus `fma(m_w, s_x, acc)`), ggml's own order per block.  The
-result does not depend on m, the tile or the thread, but it is not the one-row
-kernel's (8 lanes per block, summed at the end), so the "rows" path stays what
-batch decode and per-row steps use: they must equal a one-token step bit for bit.
+Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
+u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
+lanes started at -off * sum_j x_j (`prep_packed`); then `acc = fma(d_w * d_x,
+float(total), acc)` block after block (Q4_1 / Q5_1: plus `fma(m_w, s_x, acc)`;
+K-quants: d_w * sc_s per sub-block, the mins by vpdpwssd, then d_x once per
+super-block).  The result does not depend on m, the tile or the thread, but it is not
+the one-row kernel's bit for bit, so the "rows" path stays what batch decode and
+per-row steps use: they must equal a one-token step exactly.
 """
 
 from __future__ import annotations
@@ -33,16 +35,14 @@ from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
 from . import isa
-from ._int_matvec import ROWS, blk32_quants, unsigned_offset
-from ._ir import (F32, I8, I16, I32, I64, I8P, V, _function, alloca, dpbusd, fma,
-                  for_range, i64, load, load_f16, shuffle, splat)
+from ._int_matvec import ROWS, blk32_quants, q4k_d_dmin, q4k_scales, unsigned_offset
+from ._ir import (F32, I8, I16, I32, I64, I8P, V, _function, alloca, const_vec, dpbusd,
+                  dpwssd, fma, for_range, i64, load, load_f16, shuffle, splat)
 from .formats import FORMATS
 
 LANES = 16          # weight rows per packed group: the int32 lanes of a zmm
-CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes of stack
 assert ROWS == LANES, "_int.run hands each call one chunk of ROWS weight rows"
-FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
-_VECS = 10          # per block in the scratch: 8 quant vectors, d_w, m_w
+FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
 
 
 def has_packed(t, level) -> bool:
@@ -50,35 +50,19 @@ def has_packed(t, level) -> bool:
     return level == isa.AVX512VNNI and t in FORMATS_PACKED
 
 
-def prep_packed(t, tile_prep):
-    """The prep body of the packed path: the tile's own prep (`tile_prep`, or None) in
-    s[0:n], for the chunks that fall back to the tiles, then from s[n] on int32[n / 32]
-    = -off * (the sum of block k's 32 activations), the lanes' start (none for off =
-    0: Q4_1 / Q5_1).  `_int.run` gives the packed path's scratch rows n + n / 8
-    bytes.  None if there is nothing to do."""
-    off = unsigned_offset(t)
-    if not off and tile_prep is None:
-        return None
-
-    def body(b, x, n, s):
-        if tile_prep is not None:
-            tile_prep(b, x, n, s)
-        if not off:
-            return
-        si = b.bitcast(b.gep(s, [n]), I32.as_pointer())
-        with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
-            v = b.sext(load(b, x, b.mul(k, i64(32)), V(I8, 32)), V(I32, 32))
-            total = b.call(_reduce_add(b), [v])
-            b.store(b.mul(total, ir.Constant(I32, -off)), b.gep(si, [k]))
-    return body
-
-
-def _reduce_add(b):
-    name = "llvm.vector.reduce.add.v32i32"
+def _reduce_add(b, v):
+    """The sum of the lanes of an integer vector (exact)."""
+    name = f"llvm.vector.reduce.add.v{v.type.count}i32"
     fn = b.module.globals.get(name)
     if fn is None:
-        fn = ir.Function(b.module, ir.FunctionType(I32, [V(I32, 32)]), name=name)
-    return fn
+        fn = ir.Function(b.module, ir.FunctionType(I32, [v.type]), name=name)
+    return b.call(fn, [v])
+
+
+def _group_sums(b, x, k, size):
+    """The sum (i32) of activation bytes k * size .. k * size + size - 1 of row x."""
+    return _reduce_add(b, b.sext(load(b, x, b.mul(k, i64(size)), V(I8, size)),
+                                 V(I32, size)))
 
 
 def transpose16x8(b, rows):
@@ -107,36 +91,269 @@ def _f16_lanes(b, ptrs, off):
     return b.fpext(b.bitcast(v, V(ir.HalfType(), LANES)), V(F32, LANES))
 
 
+def _store(b, scratch, index, v):
+    """Vector `v` (64 bytes) into slot `index` (i64) of the scratch."""
+    b.store(b.bitcast(v, V(I8, 64)), b.gep(scratch, [index]))
+
+
+def _slot(b, scratch, index, ty):
+    """Slot `index` (i64) of the scratch, loaded as `ty` (64 bytes)."""
+    return b.load(b.bitcast(b.gep(scratch, [index]), ty.as_pointer()))
+
+
+def _bcast(b, ptr, off, ty=I32):
+    """A scalar of `ty` at byte `off` of `ptr`, in all 16 lanes (LLVM folds it into
+    the `{1to16}` memory operand of the instruction that uses it)."""
+    return splat(b, load(b, ptr, off, ty), LANES)
+
+
+def _dots(b, tot, quants, x, xo):
+    """tot + the 16 lanes' integer dot products of len(quants) * 4 bytes: vpdpbusd of
+    the repacked (unsigned) weights with 4 broadcast activation bytes each."""
+    for k, q in enumerate(quants):
+        xb = b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k))), V(I8, 64))
+        tot = dpbusd(b, tot, q, xb)
+    return tot
+
+
+class _Blk32:
+    """The 32-element formats: per block 8 quant vectors (u = q + off), d_w, m_w.
+    Each block's lanes start at the row's -off * sum(x) (the prep's int32 per 32) and
+    end with the block's exact integer total."""
+
+    CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes
+    VECS = 10
+    QK = 32
+
+    def __init__(self, t):
+        self.t, self.fmt = t, FORMATS[t]
+        self.off = unsigned_offset(t)
+        self.ext = 8 if self.off else None      # prep: n / 8 bytes (an i32 per 32)
+
+    def prep_ext(self, b, x, n, out):
+        oi = b.bitcast(out, I32.as_pointer())
+        with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
+            b.store(b.mul(_group_sums(b, x, k, 32), ir.Constant(I32, -self.off)),
+                    b.gep(oi, [k]))
+
+    def repack(self, b, ptrs, scratch, base):
+        quants = [b.bitcast(blk32_quants(b, p, self.t, 1, isa.AVX512VNNI), V(I32, 8))
+                  for p in ptrs]
+        for k, v in enumerate(transpose16x8(b, quants)):
+            _store(b, scratch, b.add(base, i64(k)), v)
+        for slot, off in ((8, self.fmt.d_offset), (9, self.fmt.m_offset)):
+            if off is not None:
+                _store(b, scratch, b.add(base, i64(slot)), _f16_lanes(b, ptrs, off))
+
+    def compute(self, b, scratch, base, blk, rows, accs):
+        f16 = V(F32, LANES)
+        quants = [_slot(b, scratch, b.add(base, i64(k)), V(I8, 64)) for k in range(8)]
+        dw = _slot(b, scratch, b.add(base, i64(8)), f16)
+        mw = (_slot(b, scratch, b.add(base, i64(9)), f16)
+              if self.fmt.m_offset is not None else None)
+        for (x, xd, xs, ext), acc in zip(rows, accs):
+            tot = (_bcast(b, ext, b.mul(blk, i64(4))) if self.off
+                   else ir.Constant(V(I32, LANES), None))
+            tot = _dots(b, tot, quants, x, b.mul(blk, i64(32)))
+            d = b.fmul(dw, _bcast(b, xd, b.mul(blk, i64(4)), F32))
+            a = fma(b, d, b.sitofp(tot, f16), b.load(acc))
+            if mw is not None:
+                a = fma(b, mw, _bcast(b, xs, b.mul(blk, i64(4)), F32), a)
+            b.store(a, acc)
+
+
+class _KQuant:
+    """Q4_K / Q5_K (8 sub-blocks of 32, 6-bit scales and mins) and Q6_K (16 of 16,
+    int8 scales, u = q + 32).  Per super-block: the quant vectors of every sub-block
+    (8 per 32 elements), d_w * sc_s per sub-block as floats (exact: an f16 times a
+    6- or 8-bit integer), and for Q4_K / Q5_K the mins as int16 pairs and -dmin_w.
+    A row's super-block: each sub-block's exact integer total, converted and scaled
+    by d_w * sc_s (one fma per sub-block for 16 weight rows); Q4_K / Q5_K subtract
+    dmin_w * sum_s m_s bsum_s (vpdpwssd on int16 pairs: the prep packs the row's
+    sums of 32 as pairs); then one fma by d_x."""
+
+    CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB
+    QK = 256
+
+    def __init__(self, t):
+        self.t, self.fmt = t, FORMATS[t]
+        self.six = t == T.Q6_K
+        self.nsub = 16 if self.six else 8            # sub-blocks per super-block
+        self.qvecs = 64                              # quant vectors per super-block
+        self.VECS = self.qvecs + self.nsub + (0 if self.six else 5)
+        # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes); Q4_K/Q5_K the sums of 32
+        # as int16 pairs (n / 16 bytes)
+        self.ext = 4 if self.six else 16
+
+    def prep_ext(self, b, x, n, out):
+        oi = b.bitcast(out, I32.as_pointer())
+        if self.six:
+            with for_range(b, i64(0), b.udiv(n, i64(16))) as k:
+                b.store(b.mul(_group_sums(b, x, k, 16), ir.Constant(I32, -32)),
+                        b.gep(oi, [k]))
+            return
+        with for_range(b, i64(0), b.udiv(n, i64(64))) as k:
+            two = b.mul(k, i64(2))
+            lo = _group_sums(b, x, two, 32)
+            hi = _group_sums(b, x, b.add(two, i64(1)), 32)
+            pair = b.or_(b.and_(lo, ir.Constant(I32, 0xFFFF)),
+                         b.shl(hi, ir.Constant(I32, 16)))
+            b.store(pair, b.gep(oi, [k]))
+
+    def _sub_quants(self, b, p, v):
+        """<8 x i32>: unsigned quants v * 32 .. v * 32 + 31 of block p (v an i64):
+        Q4_K / Q5_K sub-block v; Q6_K sub-blocks 2v, 2v + 1.  `repack` loops over v at
+        run time: unrolled, the 8 sub-blocks' transpositions tripled the LLVM compile
+        time of the K-quant modules."""
+        fmt = self.fmt
+
+        def shr(vec, amount):                         # every byte by one i64 amount
+            return b.lshr(vec, splat(b, b.trunc(amount, I8), 32))
+
+        def low_bits(vec, n):
+            return b.and_(vec, const_vec(I8, 32, (1 << n) - 1))
+
+        if self.six:                                  # ggml's q6 layout, half v // 4
+            half, k = b.lshr(v, i64(2)), b.and_(v, i64(3))
+            ql = load(b, p, b.add(i64(fmt.qs_offset), b.add(b.mul(half, i64(64)),
+                                  b.mul(b.and_(k, i64(1)), i64(32)))), V(I8, 32))
+            lo = low_bits(shr(ql, b.mul(b.lshr(k, i64(1)), i64(4))), 4)
+            qh = load(b, p, b.add(i64(fmt.qh_offset), b.mul(half, i64(32))), V(I8, 32))
+            hi = b.shl(low_bits(shr(qh, b.mul(k, i64(2))), 2), const_vec(I8, 32, 4))
+            return b.bitcast(b.or_(lo, hi), V(I32, 8))
+        q = load(b, p, b.add(i64(fmt.qs_offset), b.mul(b.lshr(v, i64(1)), i64(32))),
+                 V(I8, 32))
+        q = low_bits(shr(q, b.mul(b.and_(v, i64(1)), i64(4))), 4)
+        if self.t == T.Q5_K:
+            h = low_bits(shr(load(b, p, i64(fmt.qh_offset), V(I8, 32)), v), 1)
+            q = b.or_(q, b.shl(h, const_vec(I8, 32, 4)))
+        return b.bitcast(q, V(I32, 8))
+
+    def repack(self, b, ptrs, scratch, base):
+        with for_range(b, i64(0), i64(8)) as v:        # 32 elements at a time
+            rows = [self._sub_quants(b, p, v) for p in ptrs]
+            for k, vec in enumerate(transpose16x8(b, rows)):
+                _store(b, scratch, b.add(base, b.add(b.mul(v, i64(8)), i64(k))), vec)
+        if self.six:
+            dws = [load_f16(b, p, i64(self.fmt.d_offset)) for p in ptrs]
+            for g in range(2):      # scales 8g .. 8g + 7
+                rows = []
+                for p, dw in zip(ptrs, dws):
+                    sc = load(b, p, i64(self.fmt.scales_offset + 8 * g), V(I8, 8))
+                    f = b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8)))
+                    rows.append(b.bitcast(f, V(I32, 8)))
+                for k, vec in enumerate(transpose16x8(b, rows)):
+                    _store(b, scratch, b.add(base, i64(64 + 8 * g + k)), vec)
+            return
+        dsc, mins, negdmin = [], [], []
+        for p in ptrs:
+            raw16 = load(b, p, None, V(I8, 16))
+            sm = q4k_scales(b, raw16)                       # sc[0..7], m[0..7]
+            ddw = q4k_d_dmin(b, raw16)
+            d = b.extract_element(ddw, ir.Constant(I32, 0))
+            sc = b.uitofp(shuffle(b, sm, sm, range(8)), V(F32, 8))
+            dsc.append(b.bitcast(b.fmul(splat(b, d, 8), sc), V(I32, 8)))
+            m16 = b.zext(shuffle(b, sm, sm, range(8, 16)), V(I16, 8))
+            m32 = b.bitcast(m16, V(I32, 4))
+            mins.append(shuffle(b, m32, ir.Constant(V(I32, 4), None), range(8)))
+            negdmin.append(b.fneg(b.extract_element(ddw, ir.Constant(I32, 1))))
+        for k, vec in enumerate(transpose16x8(b, dsc)):
+            _store(b, scratch, b.add(base, i64(64 + k)), vec)
+        for k, vec in enumerate(transpose16x8(b, mins)[:4]):
+            _store(b, scratch, b.add(base, i64(72 + k)), vec)
+        nd = ir.Constant(V(F32, LANES), ir.Undefined)
+        for j, v in enumerate(negdmin):
+            nd = b.insert_element(nd, v, ir.Constant(I32, j))
+        _store(b, scratch, b.add(base, i64(76)), nd)
+
+    def compute(self, b, scratch, base, blk, rows, accs):
+        f16 = V(F32, LANES)
+        zero = ir.Constant(f16, None)
+        sub = [alloca(b, f16) for _ in rows]        # each row's sum_s d sc_s total_s
+        for a in sub:
+            b.store(zero, a)
+        per = 4 if self.six else 8                  # quant vectors per sub-block
+        with for_range(b, i64(0), i64(self.nsub)) as s:
+            quants = [_slot(b, scratch, b.add(base, b.add(b.mul(s, i64(per)), i64(k))),
+                            V(I8, 64)) for k in range(per)]
+            dsc = _slot(b, scratch, b.add(base, b.add(i64(64), s)), f16)
+            for (x, xd, xs, ext), a in zip(rows, sub):
+                if self.six:                        # lanes start at -32 * sum(x)
+                    g = b.add(b.mul(blk, i64(16)), s)
+                    tot = _bcast(b, ext, b.mul(g, i64(4)))
+                else:
+                    tot = ir.Constant(V(I32, LANES), None)
+                xo = b.add(b.mul(blk, i64(256)), b.mul(s, i64(4 * per)))
+                tot = _dots(b, tot, quants, x, xo)
+                b.store(fma(b, dsc, b.sitofp(tot, f16), b.load(a)), a)
+        if not self.six:
+            pairs = [_slot(b, scratch, b.add(base, i64(72 + k)), V(I16, 32))
+                     for k in range(4)]
+            negdmin = _slot(b, scratch, b.add(base, i64(76)), f16)
+        for (x, xd, xs, ext), a, acc in zip(rows, sub, accs):
+            total = b.load(a)
+            if not self.six:
+                msum = ir.Constant(V(I32, LANES), None)
+                for k in range(4):
+                    bp = _bcast(b, ext, b.mul(b.add(b.mul(blk, i64(4)), i64(k)), i64(4)))
+                    msum = dpwssd(b, msum, pairs[k], bp)
+                total = fma(b, negdmin, b.sitofp(msum, f16), total)
+            dx = _bcast(b, xd, b.mul(blk, i64(4)), F32)
+            b.store(fma(b, total, dx, b.load(acc)), acc)
+
+
+def _layout(t):
+    return _KQuant(t) if FORMATS[t].block_size == 256 else _Blk32(t)
+
+
+def prep_packed(t, tile_prep):
+    """The prep body of the packed path: the tile's own prep (`tile_prep`, or None) in
+    s[0:n], for the chunks that fall back to the tiles, then from s[n] on the layout's
+    per-row data (`prep_ext`: n / 4 bytes at most, which `_int.run` adds to the packed
+    path's scratch rows).  None if there is nothing to do."""
+    lay = _layout(t)
+    if lay.ext is None and tile_prep is None:
+        return None
+
+    def body(b, x, n, s):
+        if tile_prep is not None:
+            tile_prep(b, x, n, s)
+        if lay.ext is not None:
+            lay.prep_ext(b, x, n, b.gep(s, [n]))
+    return body
+
+
 def define_packed(mod, name, t, fallback):
     """void name(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst),
     the matmul ABI (_ir.py): 16 weight rows r0 .. r0 + 15 by all m activation rows
     (x as quantized, signed; s the `prep_packed` rows); a chunk of another size (a
     matrix's last rows) goes to `fallback`, the format's tile function."""
-    fmt = FORMATS[t]
-    bpb = fmt.block_bytes
-    with_min = fmt.m_offset is not None
-    with_off = bool(unsigned_offset(t))
+    lay = _layout(t)
+    bpb = lay.fmt.block_bytes
     argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
     fn, b = _function(mod, name, argtys)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
-    vec = V(I8, 64)
     with b.goto_entry_block():
-        scratch = b.alloca(vec, size=i64(CHUNK * _VECS))
+        scratch = b.alloca(V(I8, 64), size=i64(lay.CHUNK * lay.VECS))
     with b.if_else(b.icmp_signed("==", b.sub(r1, r0), i64(LANES))) as (full, other):
         with other:
             b.call(fallback, list(fn.args))
         with full:
             nblk = b.udiv(rb, i64(bpb))
-            nchunk = b.udiv(b.add(nblk, i64(CHUNK - 1)), i64(CHUNK))
+            nchunk = b.udiv(b.add(nblk, i64(lay.CHUNK - 1)), i64(lay.CHUNK))
             rows = [b.gep(w, [b.mul(b.add(r0, i64(j)), rb)]) for j in range(LANES)]
+            ext = b.gep(s, [b.mul(nblk, i64(lay.QK))])      # prep_ext's data
             with for_range(b, i64(0), nchunk) as c:
-                k0 = b.mul(c, i64(CHUNK))
+                k0 = b.mul(c, i64(lay.CHUNK))
                 nb = b.sub(nblk, k0)
-                nb = b.select(b.icmp_signed("<", nb, i64(CHUNK)), nb, i64(CHUNK))
-                _repack(b, t, rows, k0, nb, scratch)
-                offs = b.gep(s, [b.mul(nblk, i64(32))])     # prep_packed's offsets
-                ctx = (t, x, xst, xd, xdst, xs, xsst, offs, sst, y, yst, b.add(col, r0),
-                       k0, nb, scratch, with_min, with_off, c)
+                nb = b.select(b.icmp_signed("<", nb, i64(lay.CHUNK)), nb,
+                              i64(lay.CHUNK))
+                with for_range(b, i64(0), nb) as i:
+                    o = b.mul(b.add(k0, i), i64(bpb))
+                    lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
+                               b.mul(i, i64(lay.VECS)))
+                ctx = (lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst,
+                       b.add(col, r0), k0, nb, scratch, c)
                 ntile = b.udiv(m, i64(8))
                 with for_range(b, i64(0), ntile) as tt:
                     _rows(b, ctx, b.mul(tt, i64(8)), 8)
@@ -145,34 +362,13 @@ def define_packed(mod, name, t, fallback):
     b.ret_void()
 
 
-def _repack(b, t, rows, k0, nb, scratch):
-    """Blocks k0 .. k0 + nb - 1 of the 16 weight rows into the scratch, _VECS vectors
-    per block: the 8 transposed quant vectors (unsigned u), d_w, m_w."""
-    fmt = FORMATS[t]
-    bpb = fmt.block_bytes
-    with for_range(b, i64(0), nb) as i:
-        o = b.mul(b.add(k0, i), i64(bpb))
-        ptrs = [b.gep(r, [o]) for r in rows]
-        quants = [b.bitcast(blk32_quants(b, p, t, 1, isa.AVX512VNNI), V(I32, 8))
-                  for p in ptrs]
-        base = b.mul(i, i64(_VECS))
-        for k, v in enumerate(transpose16x8(b, quants)):
-            b.store(b.bitcast(v, V(I8, 64)), b.gep(scratch, [b.add(base, i64(k))]))
-        for slot, off in ((8, fmt.d_offset), (9, fmt.m_offset)):
-            if off is not None:
-                ptr = b.bitcast(b.gep(scratch, [b.add(base, i64(slot))]),
-                                V(F32, LANES).as_pointer())
-                b.store(_f16_lanes(b, ptrs, off), ptr)
-
-
 def _rows(b, ctx, t0, n):
     """Activation rows t0 .. t0 + n - 1 against the repacked chunk: each row's 16
     outputs accumulate in one float vector, loaded from y after the first chunk."""
-    (t, x, xst, xd, xdst, xs, xsst, s, sst, y, yst, col, k0, nb, scratch, with_min,
-     with_off, c) = ctx
+    lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst, col, k0, nb, scratch, c = ctx
     f16 = V(F32, LANES)
     first = b.icmp_signed("==", c, i64(0))
-    rows, accs = [], []
+    rows, accs, outs = [], [], []
     for r in range(n):
         ti = b.add(t0, i64(r))
         yp = b.bitcast(b.gep(y, [b.add(b.mul(ti, yst), b.mul(col, i64(4)))]),
@@ -180,31 +376,10 @@ def _rows(b, ctx, t0, n):
         acc = alloca(b, f16)
         b.store(b.select(first, ir.Constant(f16, None), b.load(yp, align=4)), acc)
         rows.append((b.gep(x, [b.mul(ti, xst)]), b.gep(xd, [b.mul(ti, xdst)]),
-                     b.gep(xs, [b.mul(ti, xsst)]), b.gep(s, [b.mul(ti, sst)]), yp))
+                     b.gep(xs, [b.mul(ti, xsst)]), b.gep(ext, [b.mul(ti, sst)])))
         accs.append(acc)
+        outs.append(yp)
     with for_range(b, i64(0), nb) as i:
-        base = b.mul(i, i64(_VECS))
-        quants = [b.load(b.gep(scratch, [b.add(base, i64(k))])) for k in range(8)]
-
-        def lanes(slot):
-            p = b.gep(scratch, [b.add(base, i64(slot))])
-            return b.load(b.bitcast(p, f16.as_pointer()))
-        dw = lanes(8)
-        mw = lanes(9) if with_min else None
-        blk = b.add(k0, i)
-        for (xr, xdr, xsr, sr, _), acc in zip(rows, accs):
-            if with_off:
-                tot = splat(b, load(b, sr, b.mul(blk, i64(4)), I32), LANES)
-            else:
-                tot = ir.Constant(V(I32, LANES), None)
-            xo = b.mul(blk, i64(32))
-            for k in range(8):
-                xb = splat(b, load(b, xr, b.add(xo, i64(4 * k)), I32), LANES)
-                tot = dpbusd(b, tot, quants[k], xb)
-            d = b.fmul(dw, splat(b, load(b, xdr, b.mul(blk, i64(4)), F32), LANES))
-            a = fma(b, d, b.sitofp(tot, f16), b.load(acc))
-            if with_min:
-                a = fma(b, mw, splat(b, load(b, xsr, b.mul(blk, i64(4)), F32), LANES), a)
-            b.store(a, acc)
-    for (_, _, _, _, yp), acc in zip(rows, accs):
+        lay.compute(b, scratch, b.mul(i, i64(lay.VECS)), b.add(k0, i), rows, accs)
+    for yp, acc in zip(outs, accs):
         b.store(b.load(acc), yp, align=4)
