@@ -168,13 +168,16 @@ class _ExactPrefill:
     Per row, the result is the same for every split (checked bit for bit for
     splits 1..9 of 20-, 40- and 70-token prompts), so prefix reuse and batching
     never change a request's tokens: they are a function of its prompt and
-    sampler alone.  Cost: none measurable where "auto" runs the multi-row kernels
-    anyway (below 256 rows at avx512vnni: 40 / 200 / 300 tokens took 1.2-1.7 /
-    6.3-7.0 / 9.9-11.1 s per row against 1.7-2.1 / 6.4-6.5 / 9.4-10.7 s, busy
-    2-core Xeon, 2026-12-02); more for long prompts where BLAS would have taken
-    over.  Rejected alternative: keep the fast prefill and only reuse prefixes
-    that leave a long enough suffix; no suffix length made the last row exact
-    for every prompt length (the kernels tile rows)."""
+    sampler alone.  Cost: where "auto" runs the multi-row tiles too, none
+    measurable; at avx512vnni, whose prompts of 16+ tokens "auto" gives to the
+    packed GEMM (quant/_int_packed.py), a per-row prefill of 40 / 200 / 300 tokens
+    takes 1.9 / 2.4 / 2.6 times as long (0.17 / 0.82 / 1.25 s against 0.09 / 0.34 /
+    0.49 s, the default model, 2 cores, 2026-12-02).  The time to a first token
+    stays low where it matters most, on a shared system prompt, which a slot's
+    prefix cache skips.  Rejected alternative: keep the fast prefill and only reuse
+    prefixes that leave a long enough suffix; no suffix length made the last row
+    exact for every prompt length (the kernels tile rows, and fewer than 16 rows
+    never take the packed GEMM)."""
 
     def __init__(self, model):
         self._model = model
