@@ -36,8 +36,9 @@ from llvmlite import ir
 
 from . import isa
 from ._int_matvec import ROWS, blk32_quants, q4k_d_dmin, q4k_scales, unsigned_offset
-from ._ir import (F32, I8, I16, I32, I64, I8P, V, _function, alloca, const_vec, dpbusd,
-                  dpwssd, fma, for_range, i64, load, load_f16, shuffle, splat)
+from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
+                  const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
+                  shuffle, splat)
 from .formats import FORMATS
 
 LANES = 16          # weight rows per packed group: the int32 lanes of a zmm
@@ -50,19 +51,10 @@ def has_packed(t, level) -> bool:
     return level == isa.AVX512VNNI and t in FORMATS_PACKED
 
 
-def _reduce_add(b, v):
-    """The sum of the lanes of an integer vector (exact)."""
-    name = f"llvm.vector.reduce.add.v{v.type.count}i32"
-    fn = b.module.globals.get(name)
-    if fn is None:
-        fn = ir.Function(b.module, ir.FunctionType(I32, [v.type]), name=name)
-    return b.call(fn, [v])
-
-
 def _group_sums(b, x, k, size):
     """The sum (i32) of activation bytes k * size .. k * size + size - 1 of row x."""
-    return _reduce_add(b, b.sext(load(b, x, b.mul(k, i64(size)), V(I8, size)),
-                                 V(I32, size)))
+    v = b.sext(load(b, x, b.mul(k, i64(size)), V(I8, size)), V(I32, size))
+    return call(b, f"llvm.vector.reduce.add.v{size}i32", I32, v)
 
 
 def transpose16x8(b, rows):
@@ -330,8 +322,7 @@ def define_packed(mod, name, t, fallback):
     matrix's last rows) goes to `fallback`, the format's tile function."""
     lay = _layout(t)
     bpb = lay.fmt.block_bytes
-    argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
-    fn, b = _function(mod, name, argtys)
+    fn, b = _function(mod, name, MATMUL_ARGTYS)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     with b.goto_entry_block():
         scratch = b.alloca(V(I8, 64), size=i64(lay.CHUNK * lay.VECS))

@@ -347,6 +347,10 @@ def block_at(builder, w, i, bpb, pf, lines):
 #                         y[t, col + r] for all m activation rows t (row strides in
 #                         bytes) and the weight rows r0 .. r1 - 1
 
+# the matmul ABI's argument types (above): define_matmul, _int_packed.define_packed
+MATMUL_ARGTYS = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
+
+
 def _function(mod, name, argtys):
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), argtys), name=name)
     fn.attributes.add("nounwind")
@@ -402,8 +406,7 @@ def define_matmul(mod, name, tile_body, bpb, pf, tile_side=None):
     `tile.side` (data all weight rows share, e.g. the rows' scales transposed).  The
     other formats keep one branch-guarded body: a second copy doubled their LLVM
     compile time (0.17 -> 0.3 s per format, a first start's cost)."""
-    argtys = [I8P, I64, I64, I64, I64, I64] + [I8P, I64] * 5
-    fn, b = _function(mod, name, argtys)
+    fn, b = _function(mod, name, MATMUL_ARGTYS)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     nblk = b.udiv(rb, i64(bpb))
     fill = tile_side(b, nblk) if tile_side is not None else None
