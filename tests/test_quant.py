@@ -41,7 +41,7 @@ from fucina_course.quant import (
     quantize_activations,
 )
 from fucina_course.quant._intrinsics import f16_to_f32, f32_to_f16_bits
-from fucina_course.quant import _jit
+from fucina_course.quant import _int_packed, _jit
 from fucina_course.quant._int import IntKernels
 from fucina_course.quant.reference import random_blocks, reference_matvec
 
@@ -95,6 +95,7 @@ GENERIC_IR_TYPES = [T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K]
 x86_only = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                               reason="the integer kernels are x86 code")
 INT_LEVELS = [lv for lv in isa.LEVELS if lv != isa.GENERIC]
+PACKED_LEVELS = list(_int_packed.PACKED_LEVELS)
 
 
 def _skip_unless_usable(level):
@@ -121,6 +122,14 @@ def kernels(request, monkeypatch):
             monkeypatch.setitem(matvec_mod._BY_VALUE, (int(t), isa.GENERIC), k)
     _skip_unless_usable(level)
     monkeypatch.setattr(isa, "level", level)
+    return request.param
+
+
+@pytest.fixture(params=PACKED_LEVELS)
+def packed_level(request, monkeypatch):
+    """Run a test once per level of the packed GEMM this CPU runs."""
+    _skip_unless_usable(request.param)
+    monkeypatch.setattr(isa, "level", request.param)
     return request.param
 
 
@@ -1008,15 +1017,15 @@ def _quantized_product(raw, t, n_out, n_in, X):
 
 @x86_only
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
-def test_packed_gemm_against_the_dequantized_product(t, monkeypatch):
-    # _int_packed.py: 16 weight rows per lane vector, blocks repacked 64 (K-quants:
-    # 8 super-blocks) at a time.  Row counts with a partial 16-row chunk (the tile
-    # fallback) and several parts; 130 blocks (K-quants: 17) = two full repacked
-    # chunks and a partial one; m around its 8-row tiles.  Reference: float64 products of gguf-py's dequantized weights with the
-    # activations as the kernel sees them (quantized), so only the float order of
-    # the sums may differ; and the same for every m (one order per output).
-    _skip_unless_usable(isa.AVX512VNNI)
-    monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
+def test_packed_gemm_against_the_dequantized_product(t, packed_level):
+    # _int_packed.py: 16 weight rows per call, in lane vectors of 16 (zmm) or 8 (ymm:
+    # two groups), blocks repacked 64 (K-quants: 8 super-blocks) at a time.  Row
+    # counts with a partial 16-row chunk (the tile fallback) and several parts; 130
+    # blocks (K-quants: 17) = two full repacked chunks and a partial one; m around its
+    # 8- and 4-row tiles.  Reference: float64 products of gguf-py's dequantized
+    # weights with the activations as the kernel sees them (quantized), so only the
+    # float order of the sums may differ; and the same for every m (one order per
+    # output).
     rng = np.random.default_rng(8)
     kquant = QK[t] == 256
     for n_out, nb in ((70, 17), (32, 2), (16, 8)) if kquant else ((70, 130), (32, 3),
@@ -1031,7 +1040,7 @@ def test_packed_gemm_against_the_dequantized_product(t, monkeypatch):
         ref, mag = _quantized_product(raw, t, n_out, n_in, X)
         whole = matmul(w, X, path="packed")
         assert_close(whole, ref, 2e-6, mag, t.name, n_out, nb)
-        for m in (1, 7, 8, 9, 16, 17):
+        for m in (1, 3, 4, 5, 7, 8, 9, 16, 17):
             got = np.full((m, n_out), np.nan, np.float32)
             assert matmul_mod.matmul_rows(w, X[:m], got, packed=True) is got
             assert np.array_equal(got, whole[:m]), (t.name, n_out, nb, m)
@@ -1043,11 +1052,10 @@ def test_packed_gemm_against_the_dequantized_product(t, monkeypatch):
 
 @x86_only
 @pytest.mark.parametrize("t", PACKED_TYPES, ids=lambda t: t.name)
-def test_packed_gemm_extreme_quants(t, monkeypatch):
+def test_packed_gemm_extreme_quants(t, packed_level):
     # saturating bytes: every weight byte 0x00 / 0xFF / 0x80 / 0x7F / 0x55 against
-    # activations at +-127 and 0; the integer block totals must stay exact
-    _skip_unless_usable(isa.AVX512VNNI)
-    monkeypatch.setattr(isa, "level", isa.AVX512VNNI)
+    # activations at +-127 and 0; the integer block totals must stay exact (avx2:
+    # the int16 sums of vpmaddubsw, and Q8_0's sign trick with q = -128)
     n_out, n_in = 32, 3 * 256 + (0 if QK[t] == 256 else 32)
     rng = np.random.default_rng(0)
     X = np.stack([np.where(rng.random(n_in) < 0.5, 1.0, -1.0), np.full(n_in, 3.0),
@@ -1059,11 +1067,13 @@ def test_packed_gemm_extreme_quants(t, monkeypatch):
         assert_close(matmul(w, X, path="packed"), ref, 2e-6, mag, t.name, hex(fill))
 
 
-def test_packed_path_elsewhere_is_the_rows_path(monkeypatch):
-    # formats and levels without the packed GEMM: path="packed" runs the tiles
-    monkeypatch.setattr(isa, "level", isa.AVX2)
-    _skip_unless_usable(isa.AVX2)
-    w = QuantMatrix(make_weights(T.Q8_0, 24, 256, seed=2), T.Q8_0, 24, 256)
+@pytest.mark.parametrize("t", [T.Q4_0, T.F16], ids=lambda t: t.name)
+def test_packed_path_elsewhere_is_the_rows_path(t, monkeypatch):
+    # formats and levels without the packed GEMM (the generic level; float formats):
+    # path="packed" runs what "rows" runs
+    if t == T.Q4_0:
+        monkeypatch.setattr(isa, "level", isa.GENERIC)
+    w = QuantMatrix(make_weights(t, 24, 256, seed=2), t, 24, 256)
     assert not matmul_mod.has_packed_kernel(w)
     X = np.random.default_rng(1).standard_normal((20, 256)).astype(np.float32)
     assert np.array_equal(matmul(w, X, path="packed"), matmul(w, X, path="rows"))

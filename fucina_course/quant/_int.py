@@ -78,8 +78,8 @@ class IntKernels:
 
     @property
     def has_packed(self) -> bool:
-        """True where the packed GEMM exists (_int_packed.py: zmm VNNI, 32-element
-        formats)."""
+        """True where the packed GEMM exists (_int_packed.py: the integer formats at
+        the x86 levels)."""
         return has_packed(self.ggml_type, self.level)
 
     def _slots(self) -> tuple[tuple[int, str], ...]:
@@ -105,8 +105,8 @@ class IntKernels:
             define_prep(mod, names[2], tile.prep or _no_prep)
             define_matmul(mod, names[3], tile.body, bpb, PREFETCH, tile.side)
         if self.has_packed:
-            define_prep(mod, names[4], prep_packed(t, tile.prep) or _no_prep)
-            define_packed(mod, names[5], t, mod.globals[names[3]])
+            define_prep(mod, names[4], prep_packed(t, lv, tile.prep) or _no_prep)
+            define_packed(mod, names[5], t, lv, mod.globals[names[3]])
 
     @property
     def cached(self) -> bool:
@@ -128,7 +128,7 @@ class IntKernels:
                 fns[PREP_MV] = 0
             if not self.has_tiles or tile_spec(t, lv).prep is None:
                 fns[PREP_MM] = 0
-            if not self.has_packed or prep_packed(t, tile_spec(t, lv).prep) is None:
+            if not self.has_packed or prep_packed(t, lv, tile_spec(t, lv).prep) is None:
                 fns[PREP_PK] = 0
             self._llvm = fns
         return self._llvm

@@ -1,4 +1,4 @@
-"""Prefill's GEMM at avx512vnni: weight rows repacked so that one vpdpbusd lane is one
+"""Prefill's GEMM at the x86 levels: weight rows repacked so that one int32 lane is one
 weight row (matmul's "packed" path), for every integer format.
 
 The tiles of _int_matmul.py keep a block's 8 int32 lanes per activation row, as the
@@ -8,7 +8,7 @@ conversion competes with vpdpbusd for port 0 on Intel cores: the 8-row tile ran 
 GFLOP/s per core (Sapphire Rapids class, 2026-12-02, docs/BENCHMARKS.md).
 
 Here 16 weight rows are transposed once per call, 4 bytes at a time, into 8 vectors
-per 32 elements: vector k, lane j = bytes 4k..4k+3 of weight row j (`transpose16x8`).
+per 32 elements: vector k, lane j = bytes 4k..4k+3 of weight row j (`transpose`).
 An activation row then broadcasts its 4 bytes (the `{1to16}` memory operand of
 vpdpbusd), and 8 vpdpbusd leave the exact integer total of 32 elements in each of the
 16 lanes, one per weight row.  One conversion and one fma then finish those 32
@@ -16,17 +16,25 @@ elements for 16 weight rows: 8 vpdpbusd + 2 float operations per (activation row
 32 elements, 16 weight rows), against 8 + 16 in the tiles.  A block's scales are laid
 out the same way, one lane per weight row (`_Blk32`, `_KQuant`).  llama.cpp's repacked
 GEMMs (REPACK) do this with 4 or 8 rows, repacking once at load; here the repack is
-per call (a chunk of ~40 KB of stack at a time) and costs a few percent at m = 64: no
-second copy of the weights in memory.
+per call (a chunk of ~20-40 KB of stack at a time) and costs a few percent at m = 64:
+no second copy of the weights in memory.
+
+The ymm levels run the same layout with 8 lanes, the 16 rows of a call as two groups
+of 8.  avxvnni has vpdpbusd on ymm.  avx2 has none: each 4-byte sum is vpmaddubsw
+(pairs into saturating int16) then vpmaddwd by 1, and `_Dot` keeps that exact (int16
+sums of a few vpmaddubsw for the 4-, 5- and 6-bit formats, the sign trick for Q8_0).
+Layer matrices at m = 256 against the tiles (Sapphire Rapids class, the levels
+emulated, 2026-12-02): avx2 Q8_0 1.3x, Q4_K 1.6x; avxvnni Q8_0 3.4x, Q4_K 1.7x.
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
 lanes started at -off * sum_j x_j (`prep_packed`); then `acc = fma(d_w * d_x,
 float(total), acc)` block after block (Q4_1 / Q5_1: plus `fma(m_w, s_x, acc)`;
 K-quants: d_w * sc_s per sub-block, the mins by vpdpwssd, then d_x once per
-super-block).  The result does not depend on m, the tile or the thread, but it is not
-the one-row kernel's bit for bit, so the "rows" path stays what batch decode and
-per-row steps use: they must equal a one-token step exactly.
+super-block).  The same totals and the same float order at every level.  The result
+does not depend on m, the tile or the thread, but it is not the one-row kernel's bit
+for bit, so the "rows" path stays what batch decode and per-row steps use: they must
+equal a one-token step exactly.
 """
 
 from __future__ import annotations
@@ -35,20 +43,40 @@ from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
 from . import isa
-from ._int_matvec import ROWS, blk32_quants, q4k_d_dmin, q4k_scales, unsigned_offset
+from ._int_matvec import (ROWS, blk32_quants, blk32_signed, q4k_d_dmin, q4k_scales,
+                          unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
                   const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  shuffle, splat)
+                  pmaddubsw, pmaddwd, shuffle, splat)
 from .formats import FORMATS
 
-LANES = 16          # weight rows per packed group: the int32 lanes of a zmm
-assert ROWS == LANES, "_int.run hands each call one chunk of ROWS weight rows"
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
+PACKED_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
+# the largest unsigned quant u = q + off of each format (avx2: how many vpmaddubsw
+# results may be summed in int16, `_Dot`)
+_UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15,
+         T.Q5_K: 31, T.Q6_K: 63}
+# activation rows per pass over a repacked chunk.  On ymm, whose 16 registers cannot
+# hold 8 rows' accumulators beside a block's 8 quant vectors, tiles of 4 or 6 rows were
+# no faster: avx2 Q8_0 / Q4_K layer matrices at m = 256, 40.5 / 24.7 ms (4 rows), 40.3
+# / 21.6 (6), 38.9 / 22.7 (8); avxvnni 18.8 / 18.3 (4), 20.9 / 16.3 (8) (Sapphire
+# Rapids class, 2026-12-02, the levels emulated as in bench/bench_vs_llama.py)
+TILE = 8
 
 
 def has_packed(t, level) -> bool:
-    """Whether (format, level) has the packed GEMM (zmm VNNI only: 16 lanes)."""
-    return level == isa.AVX512VNNI and t in FORMATS_PACKED
+    """Whether (format, level) has the packed GEMM: the integer formats at the x86
+    levels (the generic level has no byte dot products to build it from)."""
+    return level in PACKED_LEVELS and t in FORMATS_PACKED
+
+
+def lanes(level) -> int:
+    """Weight rows per packed group: the int32 lanes of a zmm (16) or a ymm (8).
+    `_int.run` hands each call ROWS = 16 rows: one group, or two after each other."""
+    return 16 if level == isa.AVX512VNNI else 8
+
+
+assert ROWS % lanes(isa.AVX512VNNI) == 0 and ROWS % lanes(isa.AVX2) == 0
 
 
 def _group_sums(b, x, k, size):
@@ -57,15 +85,18 @@ def _group_sums(b, x, k, size):
     return call(b, f"llvm.vector.reduce.add.v{size}i32", I32, v)
 
 
-def transpose16x8(b, rows):
-    """16 vectors <8 x i32> (row j, dword k) -> 8 vectors <16 x i32> (dword k, lane
-    j).  Each of the 3 steps swaps one bit of the vector index with one bit of the lane
-    index by two-source shuffles (24 vpermt2d in all)."""
-    vecs = [shuffle(b, rows[i], rows[i + 8], range(16)) for i in range(8)]
+def transpose(b, rows):
+    """L = 16 or 8 vectors <8 x i32> (row j, dword k) -> 8 vectors <L x i32> (dword
+    k, lane j).  Each of the 3 steps swaps one bit of the vector index with one bit of
+    the lane index by two-source shuffles: 24 in all (zmm: vpermt2d, 16 rows; ymm:
+    unpacks and 128-bit permutes, 8 rows)."""
+    n = len(rows)
+    vecs = (list(rows) if n == 8
+            else [shuffle(b, rows[i], rows[i + 8], range(16)) for i in range(8)])
     for bit in range(3):
         step, new = 1 << bit, list(vecs)
-        lo = [lane if not lane & step else 16 + (lane ^ step) for lane in range(16)]
-        hi = [lane | step if not lane & step else 16 + lane for lane in range(16)]
+        lo = [lane if not lane & step else n + (lane ^ step) for lane in range(n)]
+        hi = [lane | step if not lane & step else n + lane for lane in range(n)]
         for v in range(8):
             if v & step:
                 continue
@@ -76,50 +107,95 @@ def transpose16x8(b, rows):
 
 
 def _f16_lanes(b, ptrs, off):
-    """<16 x f32> of the f16 at byte `off` of each of the 16 blocks `ptrs`."""
-    v = ir.Constant(V(I16, LANES), ir.Undefined)
+    """<L x f32> of the f16 at byte `off` of each of the L blocks `ptrs`."""
+    n = len(ptrs)
+    v = ir.Constant(V(I16, n), ir.Undefined)
     for j, p in enumerate(ptrs):
         v = b.insert_element(v, load(b, p, i64(off), I16), ir.Constant(I32, j))
-    return b.fpext(b.bitcast(v, V(ir.HalfType(), LANES)), V(F32, LANES))
+    return b.fpext(b.bitcast(v, V(ir.HalfType(), n)), V(F32, n))
 
 
 def _store(b, scratch, index, v):
-    """Vector `v` (64 bytes) into slot `index` (i64) of the scratch."""
-    b.store(b.bitcast(v, V(I8, 64)), b.gep(scratch, [index]))
+    """Vector `v` (a slot's 4 L bytes) into slot `index` (i64) of the scratch."""
+    b.store(b.bitcast(v, scratch.type.pointee), b.gep(scratch, [index]))
 
 
 def _slot(b, scratch, index, ty):
-    """Slot `index` (i64) of the scratch, loaded as `ty` (64 bytes)."""
+    """Slot `index` (i64) of the scratch, loaded as `ty` (4 L bytes)."""
     return b.load(b.bitcast(b.gep(scratch, [index]), ty.as_pointer()))
 
 
-def _bcast(b, ptr, off, ty=I32):
-    """A scalar of `ty` at byte `off` of `ptr`, in all 16 lanes (LLVM folds it into
-    the `{1to16}` memory operand of the instruction that uses it)."""
-    return splat(b, load(b, ptr, off, ty), LANES)
+def _bcast(b, ptr, off, n, ty=I32):
+    """A scalar of `ty` at byte `off` of `ptr`, in all n lanes (zmm: LLVM folds it
+    into the `{1to16}` memory operand of the instruction that uses it)."""
+    return splat(b, load(b, ptr, off, ty), n)
 
 
-def _dots(b, tot, quants, x, xo):
-    """tot + the 16 lanes' integer dot products of len(quants) * 4 bytes: vpdpbusd of
-    the repacked (unsigned) weights with 4 broadcast activation bytes each."""
-    for k, q in enumerate(quants):
-        xb = b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k))), V(I8, 64))
-        tot = dpbusd(b, tot, q, xb)
-    return tot
+class _Dot:
+    """tot + each lane's integer dot product of len(quants) * 4 bytes, the repacked
+    weights (unsigned) with 4 broadcast activation bytes (signed) per vector.
+
+    VNNI levels: one vpdpbusd per vector.  avx2: vpmaddubsw (pairs into int16, which
+    saturate) then vpmaddwd by 1 into int32.  A pair is at most 2 * umax * 128, so
+    `group` = 32767 // that many vpmaddubsw results add up exactly in int16 before one
+    vpmaddwd: 8 for the 4-bit formats, 4 for the 5-bit ones, 2 for Q6_K -- 1.1 to 1.5
+    instructions per vector instead of 3.  Q8_0 (umax 255) would saturate even alone:
+    it takes ggml's sign trick instead, |q| as the unsigned side and x * sign(q) as the
+    signed one (`signs`: the repacked q themselves), 4 instructions per vector."""
+
+    def __init__(self, level, t):
+        self.level, self.n = level, lanes(level)
+        self.signed = level == isa.AVX2 and t == T.Q8_0
+        self.group = (32767 // (2 * _UMAX[t] * 128)
+                      if level == isa.AVX2 and not self.signed else 1)
+        assert self.group >= 1, t
+
+    def __call__(self, b, tot, quants, x, xo, signs=None):
+        n = self.n
+        xbs = [b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k)), n), V(I8, 4 * n))
+               for k in range(len(quants))]
+        if self.level != isa.AVX2:
+            for q, xb in zip(quants, xbs):
+                tot = dpbusd(b, tot, q, xb)
+            return tot
+        ones = const_vec(I16, 2 * n, 1)
+        if self.signed:
+            for q, sq, xb in zip(quants, signs, xbs):
+                sx = call(b, "llvm.x86.avx2.psign.b", V(I8, 32), xb, sq)
+                tot = b.add(tot, pmaddwd(b, pmaddubsw(b, q, sx), ones))
+            return tot
+        for g in range(0, len(quants), self.group):
+            s16 = None
+            for q, xb in zip(quants[g:g + self.group], xbs[g:g + self.group]):
+                p = pmaddubsw(b, q, xb)
+                s16 = p if s16 is None else b.add(s16, p)
+            tot = b.add(tot, pmaddwd(b, s16, ones))
+        return tot
+
+
+def _dpwssd(b, level, acc, a16, b16):
+    """acc + pairs of int16 products per lane: vpdpwssd on the VNNI levels, vpmaddwd
+    and an add on avx2."""
+    if level == isa.AVX2:
+        return b.add(acc, pmaddwd(b, a16, b16))
+    return dpwssd(b, acc, a16, b16)
 
 
 class _Blk32:
     """The 32-element formats: per block 8 quant vectors (u = q + off), d_w, m_w.
     Each block's lanes start at the row's -off * sum(x) (the prep's int32 per 32) and
-    end with the block's exact integer total."""
+    end with the block's exact integer total.  avx2 Q8_0 (the sign trick, `_Dot`):
+    8 vectors of |q| and 8 of q instead, and no offset."""
 
-    CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes
-    VECS = 10
+    CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes (zmm)
     QK = 32
 
-    def __init__(self, t):
-        self.t, self.fmt = t, FORMATS[t]
-        self.off = unsigned_offset(t)
+    def __init__(self, t, level):
+        self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
+        self.dot = _Dot(level, t)
+        self.nq = 16 if self.dot.signed else 8      # quant vectors per block
+        self.VECS = self.nq + 2
+        self.off = 0 if self.dot.signed else unsigned_offset(t)
         self.ext = 8 if self.off else None      # prep: n / 8 bytes (an i32 per 32)
 
     def prep_ext(self, b, x, n, out):
@@ -129,28 +205,42 @@ class _Blk32:
                     b.gep(oi, [k]))
 
     def repack(self, b, ptrs, scratch, base):
-        quants = [b.bitcast(blk32_quants(b, p, self.t, 1, isa.AVX512VNNI), V(I32, 8))
-                  for p in ptrs]
-        for k, v in enumerate(transpose16x8(b, quants)):
-            _store(b, scratch, b.add(base, i64(k)), v)
-        for slot, off in ((8, self.fmt.d_offset), (9, self.fmt.m_offset)):
+        quants = [blk32_quants(b, p, self.t, 1, self.level) for p in ptrs]
+        if self.dot.signed:
+            quants = [blk32_signed(b, self.t, u) for u in quants]
+        quants = [b.bitcast(u, V(I32, 8)) for u in quants]
+        for k, v in enumerate(transpose(b, quants)):
+            if not self.dot.signed:
+                _store(b, scratch, b.add(base, i64(k)), v)
+                continue
+            q = b.bitcast(v, V(I8, 4 * self.n))     # |q| in slots 0-7, q in 8-15
+            zero = ir.Constant(q.type, None)
+            aq = b.select(b.icmp_signed("<", q, zero), b.sub(zero, q), q)
+            _store(b, scratch, b.add(base, i64(k)), aq)
+            _store(b, scratch, b.add(base, i64(8 + k)), q)
+        fmt = self.fmt
+        for slot, off in ((self.nq, fmt.d_offset), (self.nq + 1, fmt.m_offset)):
             if off is not None:
                 _store(b, scratch, b.add(base, i64(slot)), _f16_lanes(b, ptrs, off))
 
     def compute(self, b, scratch, base, blk, rows, accs):
-        f16 = V(F32, LANES)
-        quants = [_slot(b, scratch, b.add(base, i64(k)), V(I8, 64)) for k in range(8)]
-        dw = _slot(b, scratch, b.add(base, i64(8)), f16)
-        mw = (_slot(b, scratch, b.add(base, i64(9)), f16)
+        n = self.n
+        fv = V(F32, n)
+        qv = V(I8, 4 * n)
+        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(8)]
+        signs = ([_slot(b, scratch, b.add(base, i64(8 + k)), qv) for k in range(8)]
+                 if self.dot.signed else None)
+        dw = _slot(b, scratch, b.add(base, i64(self.nq)), fv)
+        mw = (_slot(b, scratch, b.add(base, i64(self.nq + 1)), fv)
               if self.fmt.m_offset is not None else None)
         for (x, xd, xs, ext), acc in zip(rows, accs):
-            tot = (_bcast(b, ext, b.mul(blk, i64(4))) if self.off
-                   else ir.Constant(V(I32, LANES), None))
-            tot = _dots(b, tot, quants, x, b.mul(blk, i64(32)))
-            d = b.fmul(dw, _bcast(b, xd, b.mul(blk, i64(4)), F32))
-            a = fma(b, d, b.sitofp(tot, f16), b.load(acc))
+            tot = (_bcast(b, ext, b.mul(blk, i64(4)), n) if self.off
+                   else ir.Constant(V(I32, n), None))
+            tot = self.dot(b, tot, quants, x, b.mul(blk, i64(32)), signs)
+            d = b.fmul(dw, _bcast(b, xd, b.mul(blk, i64(4)), n, F32))
+            a = fma(b, d, b.sitofp(tot, fv), b.load(acc))
             if mw is not None:
-                a = fma(b, mw, _bcast(b, xs, b.mul(blk, i64(4)), F32), a)
+                a = fma(b, mw, _bcast(b, xs, b.mul(blk, i64(4)), n, F32), a)
             b.store(a, acc)
 
 
@@ -160,15 +250,16 @@ class _KQuant:
     (8 per 32 elements), d_w * sc_s per sub-block as floats (exact: an f16 times a
     6- or 8-bit integer), and for Q4_K / Q5_K the mins as int16 pairs and -dmin_w.
     A row's super-block: each sub-block's exact integer total, converted and scaled
-    by d_w * sc_s (one fma per sub-block for 16 weight rows); Q4_K / Q5_K subtract
-    dmin_w * sum_s m_s bsum_s (vpdpwssd on int16 pairs: the prep packs the row's
-    sums of 32 as pairs); then one fma by d_x."""
+    by d_w * sc_s (one fma per sub-block for all lanes' weight rows); Q4_K / Q5_K
+    subtract dmin_w * sum_s m_s bsum_s (vpdpwssd on int16 pairs: the prep packs the
+    row's sums of 32 as pairs); then one fma by d_x."""
 
-    CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB
+    CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB (zmm)
     QK = 256
 
-    def __init__(self, t):
-        self.t, self.fmt = t, FORMATS[t]
+    def __init__(self, t, level):
+        self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
+        self.dot = _Dot(level, t)
         self.six = t == T.Q6_K
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
         self.qvecs = 64                              # quant vectors per super-block
@@ -224,7 +315,7 @@ class _KQuant:
     def repack(self, b, ptrs, scratch, base):
         with for_range(b, i64(0), i64(8)) as v:        # 32 elements at a time
             rows = [self._sub_quants(b, p, v) for p in ptrs]
-            for k, vec in enumerate(transpose16x8(b, rows)):
+            for k, vec in enumerate(transpose(b, rows)):
                 _store(b, scratch, b.add(base, b.add(b.mul(v, i64(8)), i64(k))), vec)
         if self.six:
             dws = [load_f16(b, p, i64(self.fmt.d_offset)) for p in ptrs]
@@ -234,7 +325,7 @@ class _KQuant:
                     sc = load(b, p, i64(self.fmt.scales_offset + 8 * g), V(I8, 8))
                     f = b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8)))
                     rows.append(b.bitcast(f, V(I32, 8)))
-                for k, vec in enumerate(transpose16x8(b, rows)):
+                for k, vec in enumerate(transpose(b, rows)):
                     _store(b, scratch, b.add(base, i64(64 + 8 * g + k)), vec)
             return
         dsc, mins, negdmin = [], [], []
@@ -249,61 +340,63 @@ class _KQuant:
             m32 = b.bitcast(m16, V(I32, 4))
             mins.append(shuffle(b, m32, ir.Constant(V(I32, 4), None), range(8)))
             negdmin.append(b.fneg(b.extract_element(ddw, ir.Constant(I32, 1))))
-        for k, vec in enumerate(transpose16x8(b, dsc)):
+        for k, vec in enumerate(transpose(b, dsc)):
             _store(b, scratch, b.add(base, i64(64 + k)), vec)
-        for k, vec in enumerate(transpose16x8(b, mins)[:4]):
+        for k, vec in enumerate(transpose(b, mins)[:4]):
             _store(b, scratch, b.add(base, i64(72 + k)), vec)
-        nd = ir.Constant(V(F32, LANES), ir.Undefined)
+        nd = ir.Constant(V(F32, self.n), ir.Undefined)
         for j, v in enumerate(negdmin):
             nd = b.insert_element(nd, v, ir.Constant(I32, j))
         _store(b, scratch, b.add(base, i64(76)), nd)
 
     def compute(self, b, scratch, base, blk, rows, accs):
-        f16 = V(F32, LANES)
-        zero = ir.Constant(f16, None)
-        sub = [alloca(b, f16) for _ in rows]        # each row's sum_s d sc_s total_s
+        n = self.n
+        fv = V(F32, n)
+        zero = ir.Constant(fv, None)
+        sub = [alloca(b, fv) for _ in rows]         # each row's sum_s d sc_s total_s
         for a in sub:
             b.store(zero, a)
         per = 4 if self.six else 8                  # quant vectors per sub-block
         with for_range(b, i64(0), i64(self.nsub)) as s:
             quants = [_slot(b, scratch, b.add(base, b.add(b.mul(s, i64(per)), i64(k))),
-                            V(I8, 64)) for k in range(per)]
-            dsc = _slot(b, scratch, b.add(base, b.add(i64(64), s)), f16)
+                            V(I8, 4 * n)) for k in range(per)]
+            dsc = _slot(b, scratch, b.add(base, b.add(i64(64), s)), fv)
             for (x, xd, xs, ext), a in zip(rows, sub):
                 if self.six:                        # lanes start at -32 * sum(x)
                     g = b.add(b.mul(blk, i64(16)), s)
-                    tot = _bcast(b, ext, b.mul(g, i64(4)))
+                    tot = _bcast(b, ext, b.mul(g, i64(4)), n)
                 else:
-                    tot = ir.Constant(V(I32, LANES), None)
+                    tot = ir.Constant(V(I32, n), None)
                 xo = b.add(b.mul(blk, i64(256)), b.mul(s, i64(4 * per)))
-                tot = _dots(b, tot, quants, x, xo)
-                b.store(fma(b, dsc, b.sitofp(tot, f16), b.load(a)), a)
+                tot = self.dot(b, tot, quants, x, xo)
+                b.store(fma(b, dsc, b.sitofp(tot, fv), b.load(a)), a)
         if not self.six:
-            pairs = [_slot(b, scratch, b.add(base, i64(72 + k)), V(I16, 32))
+            pairs = [_slot(b, scratch, b.add(base, i64(72 + k)), V(I16, 2 * n))
                      for k in range(4)]
-            negdmin = _slot(b, scratch, b.add(base, i64(76)), f16)
+            negdmin = _slot(b, scratch, b.add(base, i64(76)), fv)
         for (x, xd, xs, ext), a, acc in zip(rows, sub, accs):
             total = b.load(a)
             if not self.six:
-                msum = ir.Constant(V(I32, LANES), None)
+                msum = ir.Constant(V(I32, n), None)
                 for k in range(4):
-                    bp = _bcast(b, ext, b.mul(b.add(b.mul(blk, i64(4)), i64(k)), i64(4)))
-                    msum = dpwssd(b, msum, pairs[k], bp)
-                total = fma(b, negdmin, b.sitofp(msum, f16), total)
-            dx = _bcast(b, xd, b.mul(blk, i64(4)), F32)
+                    pair = b.add(b.mul(blk, i64(4)), i64(k))
+                    bp = _bcast(b, ext, b.mul(pair, i64(4)), n)
+                    msum = _dpwssd(b, self.level, msum, pairs[k], bp)
+                total = fma(b, negdmin, b.sitofp(msum, fv), total)
+            dx = _bcast(b, xd, b.mul(blk, i64(4)), n, F32)
             b.store(fma(b, total, dx, b.load(acc)), acc)
 
 
-def _layout(t):
-    return _KQuant(t) if FORMATS[t].block_size == 256 else _Blk32(t)
+def _layout(t, level):
+    return (_KQuant if FORMATS[t].block_size == 256 else _Blk32)(t, level)
 
 
-def prep_packed(t, tile_prep):
+def prep_packed(t, level, tile_prep):
     """The prep body of the packed path: the tile's own prep (`tile_prep`, or None) in
     s[0:n], for the chunks that fall back to the tiles, then from s[n] on the layout's
     per-row data (`prep_ext`: n / 4 bytes at most, which `_int.run` adds to the packed
     path's scratch rows).  None if there is nothing to do."""
-    lay = _layout(t)
+    lay = _layout(t, level)
     if lay.ext is None and tile_prep is None:
         return None
 
@@ -315,57 +408,62 @@ def prep_packed(t, tile_prep):
     return body
 
 
-def define_packed(mod, name, t, fallback):
+def define_packed(mod, name, t, level, fallback):
     """void name(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst),
-    the matmul ABI (_ir.py): 16 weight rows r0 .. r0 + 15 by all m activation rows
-    (x as quantized, signed; s the `prep_packed` rows); a chunk of another size (a
+    the matmul ABI (_ir.py): ROWS = 16 weight rows r0 .. r0 + 15 by all m activation
+    rows (x as quantized, signed; s the `prep_packed` rows), in groups of `lanes`
+    rows (one on zmm, two after each other on ymm); a chunk of another size (a
     matrix's last rows) goes to `fallback`, the format's tile function."""
-    lay = _layout(t)
-    bpb = lay.fmt.block_bytes
+    lay = _layout(t, level)
+    bpb, n = lay.fmt.block_bytes, lay.n
     fn, b = _function(mod, name, MATMUL_ARGTYS)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     with b.goto_entry_block():
-        scratch = b.alloca(V(I8, 64), size=i64(lay.CHUNK * lay.VECS))
-    with b.if_else(b.icmp_signed("==", b.sub(r1, r0), i64(LANES))) as (full, other):
+        scratch = b.alloca(V(I8, 4 * n), size=i64(lay.CHUNK * lay.VECS))
+    tile = TILE
+    with b.if_else(b.icmp_signed("==", b.sub(r1, r0), i64(ROWS))) as (full, other):
         with other:
             b.call(fallback, list(fn.args))
         with full:
             nblk = b.udiv(rb, i64(bpb))
             nchunk = b.udiv(b.add(nblk, i64(lay.CHUNK - 1)), i64(lay.CHUNK))
-            rows = [b.gep(w, [b.mul(b.add(r0, i64(j)), rb)]) for j in range(LANES)]
             ext = b.gep(s, [b.mul(nblk, i64(lay.QK))])      # prep_ext's data
-            with for_range(b, i64(0), nchunk) as c:
-                k0 = b.mul(c, i64(lay.CHUNK))
-                nb = b.sub(nblk, k0)
-                nb = b.select(b.icmp_signed("<", nb, i64(lay.CHUNK)), nb,
-                              i64(lay.CHUNK))
-                with for_range(b, i64(0), nb) as i:
-                    o = b.mul(b.add(k0, i), i64(bpb))
-                    lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
-                               b.mul(i, i64(lay.VECS)))
-                ctx = (lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst,
-                       b.add(col, r0), k0, nb, scratch, c)
-                ntile = b.udiv(m, i64(8))
-                with for_range(b, i64(0), ntile) as tt:
-                    _rows(b, ctx, b.mul(tt, i64(8)), 8)
-                with for_range(b, b.mul(ntile, i64(8)), m) as t0:
-                    _rows(b, ctx, t0, 1)
+            with for_range(b, i64(0), i64(ROWS // n)) as g:
+                rg = b.add(r0, b.mul(g, i64(n)))
+                rows = [b.gep(w, [b.mul(b.add(rg, i64(j)), rb)]) for j in range(n)]
+                with for_range(b, i64(0), nchunk) as c:
+                    k0 = b.mul(c, i64(lay.CHUNK))
+                    nb = b.sub(nblk, k0)
+                    nb = b.select(b.icmp_signed("<", nb, i64(lay.CHUNK)), nb,
+                                  i64(lay.CHUNK))
+                    with for_range(b, i64(0), nb) as i:
+                        o = b.mul(b.add(k0, i), i64(bpb))
+                        lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
+                                   b.mul(i, i64(lay.VECS)))
+                    ctx = (lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst,
+                           b.add(col, rg), k0, nb, scratch, c)
+                    ntile = b.udiv(m, i64(tile))
+                    with for_range(b, i64(0), ntile) as tt:
+                        _rows(b, ctx, b.mul(tt, i64(tile)), tile)
+                    with for_range(b, b.mul(ntile, i64(tile)), m) as t0:
+                        _rows(b, ctx, t0, 1)
     b.ret_void()
 
 
-def _rows(b, ctx, t0, n):
-    """Activation rows t0 .. t0 + n - 1 against the repacked chunk: each row's 16
-    outputs accumulate in one float vector, loaded from y after the first chunk."""
+def _rows(b, ctx, t0, count):
+    """Activation rows t0 .. t0 + count - 1 against the repacked chunk: each row's
+    outputs (one per lane) accumulate in one float vector, loaded from y after the
+    first chunk."""
     lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst, col, k0, nb, scratch, c = ctx
-    f16 = V(F32, LANES)
+    fv = V(F32, lay.n)
     first = b.icmp_signed("==", c, i64(0))
     rows, accs, outs = [], [], []
-    for r in range(n):
+    for r in range(count):
         ti = b.add(t0, i64(r))
         yp = b.bitcast(b.gep(y, [b.add(b.mul(ti, yst), b.mul(col, i64(4)))]),
-                       f16.as_pointer())
-        acc = alloca(b, f16)
-        b.store(b.select(first, ir.Constant(f16, None), b.load(yp, align=4)), acc)
+                       fv.as_pointer())
+        acc = alloca(b, fv)
+        b.store(b.select(first, ir.Constant(fv, None), b.load(yp, align=4)), acc)
         rows.append((b.gep(x, [b.mul(ti, xst)]), b.gep(xd, [b.mul(ti, xdst)]),
                      b.gep(xs, [b.mul(ti, xsst)]), b.gep(ext, [b.mul(ti, sst)])))
         accs.append(acc)

@@ -9,12 +9,13 @@ by m rows at once.  Three paths, chosen by `path=`:
   parts of a MultiMatrix (q/k/v, gate/up) go in one call.  Row i of the result is
   bit-identical to `matvec` of row i: batch decode equals sequential decode exactly.
   Float formats, or `isa.level` = GENERIC: the "gemv" path.
-* **"packed"**: the 32-element formats at avx512vnni (_int_packed.py): 16 weight rows
-  repacked per call so that one vpdpbusd lane is one weight row, and each block's float
-  work is done once for 16 weight rows instead of once per 8 lanes: ~3x the tiles'
-  GFLOP/s (Q8_0 at m = 256: 736-758 against 225, and BLAS 200-220).  Not bit-identical
-  to matvec (each block's integer total is scaled as a whole): batch decode and per-row
-  steps keep "rows".  Elsewhere "packed" is "rows".
+* **"packed"**: the integer formats at the x86 levels (_int_packed.py): 16 weight rows
+  repacked per call so that one int32 lane is one weight row (8 per ymm), and each
+  block's float work is done once for a vector of weight rows instead of once per 8
+  lanes: at avx512vnni ~3x the tiles' GFLOP/s (Q8_0 at m = 256: 736-758 against 225,
+  and BLAS 200-220), at avx2 1.3-1.6x.  Not bit-identical to matvec (each block's
+  integer total is scaled as a whole): batch decode and per-row steps keep "rows".
+  At the generic level "packed" is "rows".
 * **"gemv"**: `matvec_quantized` once per row.  Reads the whole matrix m times.
 * **"blas"**: dequantize a tile of consecutive weight rows to float32 (4M elements =
   16 MB, a buffer reused per thread; a serial numba kernel, dequant.py) and multiply it
@@ -243,7 +244,7 @@ def matmul(w, X: np.ndarray, out: np.ndarray | None = None, *, path: str = "auto
         if not exact_activations:
             path = "blas"
         elif m >= PACKED_MIN_ROWS and has_packed_kernel(w):
-            path = "packed"             # ~3x the tiles and BLAS at every m measured
+            path = "packed"     # ahead of the tiles and BLAS at every m measured
         elif has_rows_kernel(w):
             path = "rows" if m < rows_blas_min_rows(w.ggml_type) else "blas"
         else:
