@@ -51,6 +51,7 @@ from gguf import GGMLQuantizationType as T
 from .quant import _int, _jit, isa
 from .quant.activations import quantize_activations, row_quantizer_cached
 from .quant.formats import FORMATS
+from .quant.matmul import packed_kernel_for
 from .quant.matvec import kernel_for
 
 # How long the main process waits for the helper before compiling the rest itself.
@@ -60,12 +61,18 @@ JOIN_TIMEOUT = 60.0
 # --- the quant kernels: which are still to compile, compiling them ----------------
 
 def _kernels(types, level):
-    """[(format, kernel)] matvec runs for the quantized formats among `types`."""
-    out = []
+    """[(format, kernel)] matvec runs for the quantized formats among `types`, then
+    the packed GEMMs that live in a module of their own (matmul.PACKED_KERNELS: Q8_0
+    and Q6_K at generic)."""
+    out, extra = [], []
     for t in sorted({T(int(t)) for t in types}, key=int):
         if t in FORMATS and FORMATS[t].block_size > 1:
-            out.append((t, kernel_for(t, level)[1]))
-    return out
+            k = kernel_for(t, level)[1]
+            out.append((t, k))
+            pk = packed_kernel_for(t, level)
+            if pk is not None and pk is not k:
+                extra.append((t, pk))
+    return out + extra
 
 
 def pending(types, level: str | None = None) -> list[T]:
@@ -78,7 +85,7 @@ def pending(types, level: str | None = None) -> list[T]:
                      and row_quantizer_cached(FORMATS[t].vec_dot_type))
         else:
             ready = _int.numba_cached(k)
-        if not ready:
+        if not ready and t not in todo:
             todo.append(t)
     return todo
 
@@ -98,7 +105,8 @@ def prepare(types, level: str | None = None, step=None) -> None:
         try:
             for t, k in ints:
                 k.compile()                 # LLVM only: numba compiles meanwhile
-                step(t.name)
+                if not k.packed_only:       # one step per format
+                    step(t.name)
         except BaseException as e:          # re-raised in the calling thread
             errors.append(e)
         finally:

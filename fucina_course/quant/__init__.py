@@ -20,7 +20,7 @@ the fly.  What lives where (data flows top to bottom):
   this CPU runs, `isa.level`; FUCINA_SIMD forces a lower one.
 * _int_matvec.py, _int_matmul.py -- the integer kernels of matvec and matmul for the
   three x86 levels, built in LLVM IR (_ir.py: IR helpers, the kernel functions);
-  _int_packed.py -- prefill's GEMM at the x86 levels, weight rows repacked per call;
+  _int_packed.py -- prefill's GEMM at every level, weight rows repacked per call;
   _int.py -- one format's kernels at one level, compiled on first use, and `run`, the
   numba driver that runs them in parallel; _jit.py -- LLVM compiles them for exactly
   the level's features and caches the machine code on disk.

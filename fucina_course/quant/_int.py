@@ -58,9 +58,12 @@ _LLVM_SLOTS = ((PREP_MV, "prep_mv"), (MATVEC, "matvec"), (PREP_MM, "prep_mm"),
 class IntKernels:
     """The matvec and matmul kernels of one format at one integer level."""
 
-    def __init__(self, ggml_type, level):
+    def __init__(self, ggml_type, level, packed_only=False):
         self.ggml_type, self.level = ggml_type, level
-        self.name = ggml_type.name.lower()
+        # packed_only: the packed GEMM alone, for a format whose matvec at this level
+        # is a float kernel (Q8_0, Q6_K at generic: matmul.PACKED_KERNELS)
+        self.packed_only = packed_only
+        self.name = ggml_type.name.lower() + ("_pk" if packed_only else "")
         # int64[N_SLOTS]: the addresses `run` calls, by the slots above (`load`)
         self.fns = None
         self._llvm = None               # the LLVM slots alone (`compile`)
@@ -68,7 +71,8 @@ class IntKernels:
         self.own_side = FORMATS[ggml_type].vec_dot_type != T.Q8_0
 
     def __repr__(self) -> str:
-        return f"IntKernels({self.ggml_type.name}, {self.level})"
+        extra = ", packed_only=True" if self.packed_only else ""
+        return f"IntKernels({self.ggml_type.name}, {self.level}{extra})"
 
     @property
     def has_tiles(self) -> bool:
@@ -78,16 +82,23 @@ class IntKernels:
 
     @property
     def has_packed(self) -> bool:
-        """True where the packed GEMM exists (_int_packed.py: the integer formats at
-        the x86 levels)."""
+        """True where the packed GEMM exists (_int_packed.py: the integer formats,
+        at generic where its IR kernels are)."""
         return has_packed(self.ggml_type, self.level)
 
     def _slots(self) -> tuple[tuple[int, str], ...]:
-        """(slot, part) of each LLVM function: matvec's two, matmul's with tiles, and
-        the packed GEMM's two where it exists."""
-        if not self.has_tiles:
-            return _LLVM_SLOTS[:2]
-        return _LLVM_SLOTS if self.has_packed else _LLVM_SLOTS[:4]
+        """(slot, part) of each LLVM function: matvec's two (unless packed_only),
+        matmul's with tiles, and the packed GEMM's two where it exists."""
+        slots = () if self.packed_only else _LLVM_SLOTS[:2]
+        if self.has_tiles and not self.packed_only:
+            slots += _LLVM_SLOTS[2:4]
+        return slots + (_LLVM_SLOTS[4:] if self.has_packed else ())
+
+    def _tile_prep(self):
+        """The tiles' prep body, or None (none, or no tiles)."""
+        if not self.has_tiles or self.packed_only:
+            return None
+        return tile_spec(self.ggml_type, self.level).prep
 
     def symbols(self) -> list[str]:
         """The LLVM names of the functions `build` defines, in slot order."""
@@ -97,16 +108,19 @@ class IntKernels:
         """Define the functions of `symbols()` in `mod` (a prep may be empty)."""
         t, lv = self.ggml_type, self.level
         bpb = FORMATS[t].block_bytes
-        names = self.symbols()
-        define_prep(mod, names[0], prep_function(t, lv) or _no_prep)
-        define_matvec(mod, names[1], row_function(t, lv), bpb, PREFETCH)
-        if self.has_tiles:
+        names = dict(zip((part for _, part in self._slots()), self.symbols()))
+        if not self.packed_only:
+            define_prep(mod, names["prep_mv"], prep_function(t, lv) or _no_prep)
+            define_matvec(mod, names["matvec"], row_function(t, lv), bpb, PREFETCH)
+        if "matmul" in names:
             tile = tile_spec(t, lv)
-            define_prep(mod, names[2], tile.prep or _no_prep)
-            define_matmul(mod, names[3], tile.body, bpb, PREFETCH, tile.side)
+            define_prep(mod, names["prep_mm"], tile.prep or _no_prep)
+            define_matmul(mod, names["matmul"], tile.body, bpb, PREFETCH, tile.side)
         if self.has_packed:
-            define_prep(mod, names[4], prep_packed(t, lv, tile.prep) or _no_prep)
-            define_packed(mod, names[5], t, lv, mod.globals[names[3]])
+            define_prep(mod, names["prep_pk"],
+                        prep_packed(t, lv, self._tile_prep()) or _no_prep)
+            fallback = mod.globals[names["matmul"]] if "matmul" in names else None
+            define_packed(mod, names["packed"], t, lv, fallback)
 
     @property
     def cached(self) -> bool:
@@ -124,11 +138,11 @@ class IntKernels:
             for (slot, _), symbol in zip(self._slots(), self.symbols()):
                 fns[slot] = addr[symbol]
             t, lv = self.ggml_type, self.level
-            if prep_function(t, lv) is None:
+            if self.packed_only or prep_function(t, lv) is None:
                 fns[PREP_MV] = 0
-            if not self.has_tiles or tile_spec(t, lv).prep is None:
+            if self._tile_prep() is None:
                 fns[PREP_MM] = 0
-            if not self.has_packed or prep_packed(t, lv, tile_spec(t, lv).prep) is None:
+            if not self.has_packed or prep_packed(t, lv, self._tile_prep()) is None:
                 fns[PREP_PK] = 0
             self._llvm = fns
         return self._llvm
@@ -333,9 +347,10 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     prep = fns[PREP_MV] if one else fns[PREP_PK] if packed else fns[PREP_MM]
     matmul = fns[PACKED] if packed else fns[MATMUL]
     nr = 1 if one else m
-    # the packed path's prep adds its per-row data after the tiles' n bytes (n / 4 at
-    # most: _int_packed.prep_packed)
-    s = np.empty((nr, (n + n // 4 if packed else n) if prep != 0 else 0), np.uint8)
+    # the packed path's prep adds its per-row data (n / 4 bytes at most) after the
+    # tiles' n bytes, or after the generic level's int16 activations (2n bytes:
+    # _int_packed.prep_packed)
+    s = np.empty((nr, (2 * n + n // 4 if packed else n) if prep != 0 else 0), np.uint8)
     if prep != 0 and one:             # decode: no second parallel region per matvec
         _call_prep(prep, x[row], s[0])
     elif prep != 0:

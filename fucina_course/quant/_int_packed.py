@@ -1,5 +1,5 @@
-"""Prefill's GEMM at the x86 levels: weight rows repacked so that one int32 lane is one
-weight row (matmul's "packed" path), for every integer format.
+"""Prefill's GEMM: weight rows repacked so that one int32 lane is one weight row
+(matmul's "packed" path), for every integer format at every level.
 
 The tiles of _int_matmul.py keep a block's 8 int32 lanes per activation row, as the
 one-row kernel does, and so pay the float work per block per row on 8 lanes: convert,
@@ -25,6 +25,12 @@ of 8.  avxvnni has vpdpbusd on ymm.  avx2 has none: each 4-byte sum is vpmaddubs
 sums of a few vpmaddubsw for the 4-, 5- and 6-bit formats, the sign trick for Q8_0).
 Layer matrices at m = 256 against the tiles (Sapphire Rapids class, the levels
 emulated, 2026-12-02): avx2 Q8_0 1.3x, Q4_K 1.6x; avxvnni Q8_0 3.4x, Q4_K 1.7x.
+The generic level (no tiles, and no instruction beyond the host's baseline) widens
+the weights to int16 in the repack and reads an int16 copy of the activations, one
+pmaddwd (SSE2; plain IR on other hosts) per 2 bytes of each lane, `_madd_host`; a
+chunk of fewer than 16 weight rows repeats its last row in the missing lanes.  It
+replaces BLAS there: Q8_0 / Q4_K layer matrices at m = 64, 10.9 / 11.3 ms against
+20.9 / 18.5; m = 256, 46.3 / 46.4 against 59.3 / 51.8.
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -45,13 +51,13 @@ from llvmlite import ir
 from . import isa
 from ._int_matvec import (ROWS, blk32_quants, blk32_signed, q4k_d_dmin, q4k_scales,
                           unsigned_offset)
-from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
-                  const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  pmaddubsw, pmaddwd, shuffle, splat)
+from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, by_halves,
+                  call, const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
+                  madd, pmaddubsw, pmaddwd, shuffle, splat)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
-PACKED_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
+PACKED_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2, isa.GENERIC)
 # the largest unsigned quant u = q + off of each format (avx2: how many vpmaddubsw
 # results may be summed in int16, `_Dot`)
 _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15,
@@ -65,8 +71,10 @@ TILE = 8
 
 
 def has_packed(t, level) -> bool:
-    """Whether (format, level) has the packed GEMM: the integer formats at the x86
-    levels (the generic level has no byte dot products to build it from)."""
+    """Whether (format, level) has the packed GEMM: the integer formats at every level
+    (generic: where its IR kernels are built, isa.GENERIC_IR)."""
+    if level == isa.GENERIC and not isa.GENERIC_IR:
+        return False
     return level in PACKED_LEVELS and t in FORMATS_PACKED
 
 
@@ -141,7 +149,12 @@ class _Dot:
     vpmaddwd: 8 for the 4-bit formats, 4 for the 5-bit ones, 2 for Q6_K -- 1.1 to 1.5
     instructions per vector instead of 3.  Q8_0 (umax 255) would saturate even alone:
     it takes ggml's sign trick instead, |q| as the unsigned side and x * sign(q) as the
-    signed one (`signs`: the repacked q themselves), 4 instructions per vector."""
+    signed one (`signs`: the repacked q themselves), 4 instructions per vector.
+
+    Generic: no target intrinsic.  The weights are repacked as signed int16 (q, not
+    u: no offsets), 2 per lane, the activations read from the prep's int16 copy, and
+    each vector is one pmaddwd and an add (`_madd_host`): 2 instructions per 2 bytes
+    of each lane, exact for every format."""
 
     def __init__(self, level, t):
         self.level, self.n = level, lanes(level)
@@ -154,6 +167,10 @@ class _Dot:
         n = self.n
         xbs = [b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k)), n), V(I8, 4 * n))
                for k in range(len(quants))]
+        if self.level == isa.GENERIC:           # int16 pairs: x the prep's int16 copy
+            for q, xb in zip(quants, xbs):
+                tot = b.add(tot, _madd_host(b, q, xb))
+            return tot
         if self.level != isa.AVX2:
             for q, xb in zip(quants, xbs):
                 tot = dpbusd(b, tot, q, xb)
@@ -173,12 +190,51 @@ class _Dot:
         return tot
 
 
+def _madd_host(b, a16, b16):
+    """<8 x i32>: the generic level's pairs of int16 products.  For an x86-64 module
+    (its triple: the host's, _jit.new_module) pmaddwd of SSE2, which every x86-64 CPU
+    has, by halves (LLVM joins them into one ymm vpmaddwd where the target has AVX2);
+    elsewhere `_ir.madd`'s plain IR (NEON on ARM).  Not `_ir.madd` on x86: with one operand a broadcast, LLVM folds the splat
+    into its pattern and no longer sees a vpmaddwd (vpmulld, vpshufb and blends
+    instead): 55-60 GFLOP/s, against 165-200 with this (haswell code, layer
+    matrices of the 0.6B geometry, 2026-12-02)."""
+    if not str(b.module.triple).startswith(("x86_64", "amd64")):
+        return madd(b, isa.GENERIC, a16, b16)
+    a16, b16 = b.bitcast(a16, V(I16, 16)), b.bitcast(b16, V(I16, 16))
+
+    def sse2(x, y):
+        return call(b, "llvm.x86.sse2.pmadd.wd", V(I32, 4), x, y)
+    return by_halves(b, sse2, a16, b16)
+
+
 def _dpwssd(b, level, acc, a16, b16):
     """acc + pairs of int16 products per lane: vpdpwssd on the VNNI levels, vpmaddwd
-    and an add on avx2."""
+    (generic: its plain-IR pattern) and an add elsewhere."""
+    if level == isa.GENERIC:
+        return b.add(acc, _madd_host(b, a16, b16))
     if level == isa.AVX2:
         return b.add(acc, pmaddwd(b, a16, b16))
     return dpwssd(b, acc, a16, b16)
+
+
+def _lane_vectors(b, rows, wide):
+    """L rows' 32 quant bytes (<32 x i8> each) -> the vectors of the packed layout:
+    8 of 4 bytes per lane, or (`wide`, the generic level) 16 of 2 int16 per lane,
+    the bytes sign-extended (the first 16 of each row, then the last 16)."""
+    if not wide:
+        return transpose(b, [b.bitcast(r, V(I32, 8)) for r in rows])
+    w = [b.bitcast(b.sext(r, V(I16, 32)), V(I32, 16)) for r in rows]
+    return [v for h in (0, 1)
+            for v in transpose(b, [shuffle(b, r, r, range(8 * h, 8 * h + 8))
+                                   for r in w])]
+
+
+def prep_x16(b, x, n, s):
+    """The generic level's activations as int16, s[0:2n] (`_Dot`)."""
+    s16 = b.bitcast(s, V(I16, 32).as_pointer())
+    with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
+        v = load(b, x, b.mul(k, i64(32)), V(I8, 32))
+        b.store(b.sext(v, V(I16, 32)), b.gep(s16, [k]), align=1)
 
 
 class _Blk32:
@@ -193,9 +249,10 @@ class _Blk32:
     def __init__(self, t, level):
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
         self.dot = _Dot(level, t)
-        self.nq = 16 if self.dot.signed else 8      # quant vectors per block
+        self.wide = level == isa.GENERIC             # int16 weights, signed
+        self.nq = 16 if self.dot.signed or self.wide else 8  # quant vectors per block
         self.VECS = self.nq + 2
-        self.off = 0 if self.dot.signed else unsigned_offset(t)
+        self.off = 0 if self.dot.signed or self.wide else unsigned_offset(t)
         self.ext = 8 if self.off else None      # prep: n / 8 bytes (an i32 per 32)
 
     def prep_ext(self, b, x, n, out):
@@ -206,10 +263,9 @@ class _Blk32:
 
     def repack(self, b, ptrs, scratch, base):
         quants = [blk32_quants(b, p, self.t, 1, self.level) for p in ptrs]
-        if self.dot.signed:
+        if self.dot.signed or self.wide:
             quants = [blk32_signed(b, self.t, u) for u in quants]
-        quants = [b.bitcast(u, V(I32, 8)) for u in quants]
-        for k, v in enumerate(transpose(b, quants)):
+        for k, v in enumerate(_lane_vectors(b, quants, self.wide)):
             if not self.dot.signed:
                 _store(b, scratch, b.add(base, i64(k)), v)
                 continue
@@ -226,8 +282,9 @@ class _Blk32:
     def compute(self, b, scratch, base, blk, rows, accs):
         n = self.n
         fv = V(F32, n)
-        qv = V(I8, 4 * n)
-        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(8)]
+        qv = V(I16, 2 * n) if self.wide else V(I8, 4 * n)
+        nq = 16 if self.wide else 8
+        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(nq)]
         signs = ([_slot(b, scratch, b.add(base, i64(8 + k)), qv) for k in range(8)]
                  if self.dot.signed else None)
         dw = _slot(b, scratch, b.add(base, i64(self.nq)), fv)
@@ -236,7 +293,8 @@ class _Blk32:
         for (x, xd, xs, ext), acc in zip(rows, accs):
             tot = (_bcast(b, ext, b.mul(blk, i64(4)), n) if self.off
                    else ir.Constant(V(I32, n), None))
-            tot = self.dot(b, tot, quants, x, b.mul(blk, i64(32)), signs)
+            xo = b.mul(blk, i64(64 if self.wide else 32))
+            tot = self.dot(b, tot, quants, x, xo, signs)
             d = b.fmul(dw, _bcast(b, xd, b.mul(blk, i64(4)), n, F32))
             a = fma(b, d, b.sitofp(tot, fv), b.load(acc))
             if mw is not None:
@@ -261,12 +319,13 @@ class _KQuant:
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
         self.dot = _Dot(level, t)
         self.six = t == T.Q6_K
+        self.wide = level == isa.GENERIC             # int16 weights (Q6_K: q - 32)
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
-        self.qvecs = 64                              # quant vectors per super-block
+        self.qvecs = 128 if self.wide else 64        # quant vectors per super-block
         self.VECS = self.qvecs + self.nsub + (0 if self.six else 5)
-        # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes); Q4_K/Q5_K the sums of 32
-        # as int16 pairs (n / 16 bytes)
-        self.ext = 4 if self.six else 16
+        # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes; generic: none, the
+        # weights are signed); Q4_K/Q5_K the sums of 32 as int16 pairs (n / 16 bytes)
+        self.ext = (None if self.wide else 4) if self.six else 16
 
     def prep_ext(self, b, x, n, out):
         oi = b.bitcast(out, I32.as_pointer())
@@ -313,10 +372,15 @@ class _KQuant:
         return b.bitcast(q, V(I32, 8))
 
     def repack(self, b, ptrs, scratch, base):
+        per32 = self.qvecs // 8                        # vectors per 32 elements
         with for_range(b, i64(0), i64(8)) as v:        # 32 elements at a time
-            rows = [self._sub_quants(b, p, v) for p in ptrs]
-            for k, vec in enumerate(transpose(b, rows)):
-                _store(b, scratch, b.add(base, b.add(b.mul(v, i64(8)), i64(k))), vec)
+            rows = [b.bitcast(self._sub_quants(b, p, v), V(I8, 32)) for p in ptrs]
+            if self.wide and self.six:
+                rows = [b.sub(r, const_vec(I8, 32, 32)) for r in rows]
+            for k, vec in enumerate(_lane_vectors(b, rows, self.wide)):
+                _store(b, scratch, b.add(base, b.add(b.mul(v, i64(per32)), i64(k))),
+                       vec)
+        q = self.qvecs
         if self.six:
             dws = [load_f16(b, p, i64(self.fmt.d_offset)) for p in ptrs]
             for g in range(2):      # scales 8g .. 8g + 7
@@ -326,7 +390,7 @@ class _KQuant:
                     f = b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8)))
                     rows.append(b.bitcast(f, V(I32, 8)))
                 for k, vec in enumerate(transpose(b, rows)):
-                    _store(b, scratch, b.add(base, i64(64 + 8 * g + k)), vec)
+                    _store(b, scratch, b.add(base, i64(q + 8 * g + k)), vec)
             return
         dsc, mins, negdmin = [], [], []
         for p in ptrs:
@@ -341,13 +405,13 @@ class _KQuant:
             mins.append(shuffle(b, m32, ir.Constant(V(I32, 4), None), range(8)))
             negdmin.append(b.fneg(b.extract_element(ddw, ir.Constant(I32, 1))))
         for k, vec in enumerate(transpose(b, dsc)):
-            _store(b, scratch, b.add(base, i64(64 + k)), vec)
+            _store(b, scratch, b.add(base, i64(q + k)), vec)
         for k, vec in enumerate(transpose(b, mins)[:4]):
-            _store(b, scratch, b.add(base, i64(72 + k)), vec)
+            _store(b, scratch, b.add(base, i64(q + 8 + k)), vec)
         nd = ir.Constant(V(F32, self.n), ir.Undefined)
         for j, v in enumerate(negdmin):
             nd = b.insert_element(nd, v, ir.Constant(I32, j))
-        _store(b, scratch, b.add(base, i64(76)), nd)
+        _store(b, scratch, b.add(base, i64(q + 12)), nd)
 
     def compute(self, b, scratch, base, blk, rows, accs):
         n = self.n
@@ -356,24 +420,26 @@ class _KQuant:
         sub = [alloca(b, fv) for _ in rows]         # each row's sum_s d sc_s total_s
         for a in sub:
             b.store(zero, a)
-        per = 4 if self.six else 8                  # quant vectors per sub-block
+        per = self.qvecs // self.nsub               # quant vectors per sub-block
+        qv = V(I16, 2 * n) if self.wide else V(I8, 4 * n)
+        q, xbytes = self.qvecs, 512 if self.wide else 256     # x bytes per 256
         with for_range(b, i64(0), i64(self.nsub)) as s:
             quants = [_slot(b, scratch, b.add(base, b.add(b.mul(s, i64(per)), i64(k))),
-                            V(I8, 4 * n)) for k in range(per)]
-            dsc = _slot(b, scratch, b.add(base, b.add(i64(64), s)), fv)
+                            qv) for k in range(per)]
+            dsc = _slot(b, scratch, b.add(base, b.add(i64(q), s)), fv)
             for (x, xd, xs, ext), a in zip(rows, sub):
-                if self.six:                        # lanes start at -32 * sum(x)
+                if self.ext == 4:                   # lanes start at -32 * sum(x)
                     g = b.add(b.mul(blk, i64(16)), s)
                     tot = _bcast(b, ext, b.mul(g, i64(4)), n)
                 else:
                     tot = ir.Constant(V(I32, n), None)
-                xo = b.add(b.mul(blk, i64(256)), b.mul(s, i64(4 * per)))
+                xo = b.add(b.mul(blk, i64(xbytes)), b.mul(s, i64(4 * per)))
                 tot = self.dot(b, tot, quants, x, xo)
                 b.store(fma(b, dsc, b.sitofp(tot, fv), b.load(a)), a)
         if not self.six:
-            pairs = [_slot(b, scratch, b.add(base, i64(72 + k)), V(I16, 2 * n))
+            pairs = [_slot(b, scratch, b.add(base, i64(q + 8 + k)), V(I16, 2 * n))
                      for k in range(4)]
-            negdmin = _slot(b, scratch, b.add(base, i64(76)), fv)
+            negdmin = _slot(b, scratch, b.add(base, i64(q + 12)), fv)
         for (x, xd, xs, ext), a, acc in zip(rows, sub, accs):
             total = b.load(a)
             if not self.six:
@@ -391,12 +457,21 @@ def _layout(t, level):
     return (_KQuant if FORMATS[t].block_size == 256 else _Blk32)(t, level)
 
 
+def _ext_at(b, lay, n):
+    """Where a scratch row's `prep_ext` data starts: after the tile's prep (n bytes),
+    or after the generic level's int16 activations (2n)."""
+    return b.mul(n, i64(2 if lay.wide else 1))
+
+
 def prep_packed(t, level, tile_prep):
     """The prep body of the packed path: the tile's own prep (`tile_prep`, or None) in
-    s[0:n], for the chunks that fall back to the tiles, then from s[n] on the layout's
-    per-row data (`prep_ext`: n / 4 bytes at most, which `_int.run` adds to the packed
-    path's scratch rows).  None if there is nothing to do."""
+    s[0:n], for the chunks that fall back to the tiles (generic: the activations as
+    int16 in s[0:2n]), then the layout's per-row data (`prep_ext`: n / 4 bytes at
+    most; `_int.run` sizes the packed path's scratch rows for both).  None if there is
+    nothing to do."""
     lay = _layout(t, level)
+    if lay.wide:
+        tile_prep = prep_x16
     if lay.ext is None and tile_prep is None:
         return None
 
@@ -404,7 +479,7 @@ def prep_packed(t, level, tile_prep):
         if tile_prep is not None:
             tile_prep(b, x, n, s)
         if lay.ext is not None:
-            lay.prep_ext(b, x, n, b.gep(s, [n]))
+            lay.prep_ext(b, x, n, b.gep(s, [_ext_at(b, lay, n)]))
     return body
 
 
@@ -412,49 +487,71 @@ def define_packed(mod, name, t, level, fallback):
     """void name(w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst),
     the matmul ABI (_ir.py): ROWS = 16 weight rows r0 .. r0 + 15 by all m activation
     rows (x as quantized, signed; s the `prep_packed` rows), in groups of `lanes`
-    rows (one on zmm, two after each other on ymm); a chunk of another size (a
-    matrix's last rows) goes to `fallback`, the format's tile function."""
+    rows (one on zmm, two after each other on ymm).  A chunk of fewer rows (a
+    matrix's last rows) goes to `fallback`, the format's tile function; the generic
+    level has no tiles (fallback None): its groups repeat their last row in the
+    missing lanes and store only the rows that exist."""
     lay = _layout(t, level)
     bpb, n = lay.fmt.block_bytes, lay.n
     fn, b = _function(mod, name, MATMUL_ARGTYS)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     with b.goto_entry_block():
         scratch = b.alloca(V(I8, 4 * n), size=i64(lay.CHUNK * lay.VECS))
-    tile = TILE
-    with b.if_else(b.icmp_signed("==", b.sub(r1, r0), i64(ROWS))) as (full, other):
-        with other:
-            b.call(fallback, list(fn.args))
-        with full:
-            nblk = b.udiv(rb, i64(bpb))
-            nchunk = b.udiv(b.add(nblk, i64(lay.CHUNK - 1)), i64(lay.CHUNK))
-            ext = b.gep(s, [b.mul(nblk, i64(lay.QK))])      # prep_ext's data
-            with for_range(b, i64(0), i64(ROWS // n)) as g:
-                rg = b.add(r0, b.mul(g, i64(n)))
-                rows = [b.gep(w, [b.mul(b.add(rg, i64(j)), rb)]) for j in range(n)]
-                with for_range(b, i64(0), nchunk) as c:
-                    k0 = b.mul(c, i64(lay.CHUNK))
-                    nb = b.sub(nblk, k0)
-                    nb = b.select(b.icmp_signed("<", nb, i64(lay.CHUNK)), nb,
-                                  i64(lay.CHUNK))
-                    with for_range(b, i64(0), nb) as i:
-                        o = b.mul(b.add(k0, i), i64(bpb))
-                        lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
-                                   b.mul(i, i64(lay.VECS)))
-                    ctx = (lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst,
-                           b.add(col, rg), k0, nb, scratch, c)
-                    ntile = b.udiv(m, i64(tile))
-                    with for_range(b, i64(0), ntile) as tt:
-                        _rows(b, ctx, b.mul(tt, i64(tile)), tile)
-                    with for_range(b, b.mul(ntile, i64(tile)), m) as t0:
-                        _rows(b, ctx, t0, 1)
+    count = b.sub(r1, r0)
+    if fallback is not None:
+        with b.if_else(b.icmp_signed("==", count, i64(ROWS))) as (full, other):
+            with other:
+                b.call(fallback, list(fn.args))
+            with full:
+                _groups(b, lay, fn.args, scratch, i64(ROWS // n))
+    else:
+        ngroup = b.udiv(b.add(count, i64(n - 1)), i64(n))
+        _groups(b, lay, fn.args, scratch, ngroup)
     b.ret_void()
+
+
+def _groups(b, lay, args, scratch, ngroup):
+    """The ngroup groups of `lay.n` weight rows from r0 on: each repacked a chunk at a
+    time, all activation rows passed over each chunk (`_rows`)."""
+    (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = args
+    bpb, n = lay.fmt.block_bytes, lay.n
+    nblk = b.udiv(rb, i64(bpb))
+    nchunk = b.udiv(b.add(nblk, i64(lay.CHUNK - 1)), i64(lay.CHUNK))
+    ext = b.gep(s, [_ext_at(b, lay, b.mul(nblk, i64(lay.QK)))])  # prep_ext's data
+    last = b.sub(r1, i64(1))
+    with for_range(b, i64(0), ngroup) as g:
+        rg = b.add(r0, b.mul(g, i64(n)))
+        valid = b.sub(r1, rg)                     # rows of the group that exist
+        valid = b.select(b.icmp_signed("<", valid, i64(n)), valid, i64(n))
+        rows = []
+        for j in range(n):
+            r = b.add(rg, i64(j))
+            r = b.select(b.icmp_signed("<", r, r1), r, last)
+            rows.append(b.gep(w, [b.mul(r, rb)]))
+        with for_range(b, i64(0), nchunk) as c:
+            k0 = b.mul(c, i64(lay.CHUNK))
+            nb = b.sub(nblk, k0)
+            nb = b.select(b.icmp_signed("<", nb, i64(lay.CHUNK)), nb, i64(lay.CHUNK))
+            with for_range(b, i64(0), nb) as i:
+                o = b.mul(b.add(k0, i), i64(bpb))
+                lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
+                           b.mul(i, i64(lay.VECS)))
+            ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
+                   b.add(col, rg), k0, nb, scratch, c, valid)
+            ntile = b.udiv(m, i64(TILE))
+            with for_range(b, i64(0), ntile) as tt:
+                _rows(b, ctx, b.mul(tt, i64(TILE)), TILE)
+            with for_range(b, b.mul(ntile, i64(TILE)), m) as t0:
+                _rows(b, ctx, t0, 1)
 
 
 def _rows(b, ctx, t0, count):
     """Activation rows t0 .. t0 + count - 1 against the repacked chunk: each row's
     outputs (one per lane) accumulate in one float vector, loaded from y after the
-    first chunk."""
-    lay, x, xst, xd, xdst, xs, xsst, ext, sst, y, yst, col, k0, nb, scratch, c = ctx
+    first chunk.  Only the group's `valid` lanes are read from and written to y (all
+    of them but in a generic level's last group)."""
+    (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst, col, k0, nb, scratch, c,
+     valid) = ctx
     fv = V(F32, lay.n)
     first = b.icmp_signed("==", c, i64(0))
     rows, accs, outs = [], [], []
@@ -463,12 +560,34 @@ def _rows(b, ctx, t0, count):
         yp = b.bitcast(b.gep(y, [b.add(b.mul(ti, yst), b.mul(col, i64(4)))]),
                        fv.as_pointer())
         acc = alloca(b, fv)
-        b.store(b.select(first, ir.Constant(fv, None), b.load(yp, align=4)), acc)
-        rows.append((b.gep(x, [b.mul(ti, xst)]), b.gep(xd, [b.mul(ti, xdst)]),
+        if lay.wide:
+            _copy_lanes(b, yp, acc, valid, first)
+        else:
+            b.store(b.select(first, ir.Constant(fv, None), b.load(yp, align=4)), acc)
+        xrow = b.gep(s, [b.mul(ti, sst)]) if lay.wide else b.gep(x, [b.mul(ti, xst)])
+        rows.append((xrow, b.gep(xd, [b.mul(ti, xdst)]),
                      b.gep(xs, [b.mul(ti, xsst)]), b.gep(ext, [b.mul(ti, sst)])))
         accs.append(acc)
         outs.append(yp)
     with for_range(b, i64(0), nb) as i:
         lay.compute(b, scratch, b.mul(i, i64(lay.VECS)), b.add(k0, i), rows, accs)
     for yp, acc in zip(outs, accs):
-        b.store(b.load(acc), yp, align=4)
+        if lay.wide:
+            _copy_lanes(b, acc, yp, valid)
+        else:
+            b.store(b.load(acc), yp, align=4)
+
+
+def _copy_lanes(b, src, dst, valid, zero_if=None):
+    """dst[0:valid] = src[0:valid] (float vectors in memory), or with `zero_if` (an
+    i1) true, dst = 0.  One guarded store per lane, not a loop: LLVM would turn the
+    loop into a call to memcpy."""
+    fp = F32.as_pointer()
+    sp, dp = b.bitcast(src, fp), b.bitcast(dst, fp)
+    if zero_if is not None:
+        b.store(ir.Constant(dst.type.pointee, None), dst)
+        valid = b.select(zero_if, i64(0), valid)
+    for j in range(dst.type.pointee.count if zero_if is not None
+                   else src.type.pointee.count):
+        with b.if_then(b.icmp_signed("<", i64(j), valid)):
+            b.store(b.load(b.gep(sp, [i64(j)]), align=4), b.gep(dp, [i64(j)]), align=4)

@@ -9,13 +9,14 @@ by m rows at once.  Three paths, chosen by `path=`:
   parts of a MultiMatrix (q/k/v, gate/up) go in one call.  Row i of the result is
   bit-identical to `matvec` of row i: batch decode equals sequential decode exactly.
   Float formats, or `isa.level` = GENERIC: the "gemv" path.
-* **"packed"**: the integer formats at the x86 levels (_int_packed.py): 16 weight rows
-  repacked per call so that one int32 lane is one weight row (8 per ymm), and each
-  block's float work is done once for a vector of weight rows instead of once per 8
-  lanes: at avx512vnni ~3x the tiles' GFLOP/s (Q8_0 at m = 256: 736-758 against 225,
-  and BLAS 200-220), at avx2 1.3-1.6x.  Not bit-identical to matvec (each block's
-  integer total is scaled as a whole): batch decode and per-row steps keep "rows".
-  At the generic level "packed" is "rows".
+* **"packed"**: the integer formats (_int_packed.py): 16 weight rows repacked per call
+  so that one int32 lane is one weight row (8 per ymm), and each block's float work is
+  done once for a vector of weight rows instead of once per 8 lanes: at avx512vnni ~3x
+  the tiles' GFLOP/s (Q8_0 at m = 256: 736-758 against 225, and BLAS 200-220), at avx2
+  1.3-1.6x.  At the generic level, where there are no tiles, it replaces BLAS.  Not
+  bit-identical to matvec (each block's integer total is scaled as a whole): batch
+  decode and per-row steps keep "rows".  Elsewhere (float formats; generic without
+  isa.GENERIC_IR) "packed" is "rows".
 * **"gemv"**: `matvec_quantized` once per row.  Reads the whole matrix m times.
 * **"blas"**: dequantize a tile of consecutive weight rows to float32 (4M elements =
   16 MB, a buffer reused per thread; a serial numba kernel, dequant.py) and multiply it
@@ -58,6 +59,7 @@ from numba import njit
 
 from . import isa
 from ._int import NO_FLOATS, IntKernels, run
+from ._int_packed import has_packed
 from ._intrinsics import f16_to_f32
 from ._ir import TILE as _TILE_ROWS
 from .activations import quantize_activations
@@ -120,6 +122,24 @@ def rows_blas_min_rows(ggml_type) -> int:
 KERNELS = {(t, lv): k for (t, lv), k in _MV_KERNELS.items()
            if isinstance(k, IntKernels) and lv != isa.GENERIC}
 _BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
+# (format, level) -> the kernels with the packed GEMM (_int_packed.py): the tiles' at
+# the x86 levels; at generic matvec's IR kernels, or for the formats whose generic
+# matvec is a float kernel (Q8_0, Q6_K) a module of the packed GEMM alone
+PACKED_KERNELS = {(t, lv): k for (t, lv), k in KERNELS.items() if k.has_packed}
+PACKED_KERNELS.update(
+    {(t, isa.GENERIC): (_MV_KERNELS[(t, isa.GENERIC)]
+                        if isinstance(_MV_KERNELS.get((t, isa.GENERIC)), IntKernels)
+                        else IntKernels(t, isa.GENERIC, packed_only=True))
+     for t in FORMATS if has_packed(t, isa.GENERIC)})
+_PACKED_BY_VALUE = {(int(t), lv): k for (t, lv), k in PACKED_KERNELS.items()
+                    if lv in isa.USABLE}
+
+
+def packed_kernel_for(ggml_type, level: str | None = None):
+    """The `IntKernels` whose packed GEMM "auto" runs for a format at `level`
+    (default: isa.level), or None (startup.py compiles it on the first start)."""
+    lv = isa.level if level is None else level
+    return _PACKED_BY_VALUE.get((int(ggml_type), lv))
 
 # "auto": the packed GEMM (_int_packed.py) from this many rows on, where it exists
 PACKED_MIN_ROWS = 16
@@ -209,8 +229,7 @@ def has_rows_kernel(w) -> bool:
 def has_packed_kernel(w) -> bool:
     """True if `w`'s format has the packed GEMM at the current `isa.level`
     (_int_packed.py)."""
-    k = _BY_VALUE.get((w.ggml_type._value_, isa.level))
-    return k is not None and k.has_packed
+    return (w.ggml_type._value_, isa.level) in _PACKED_BY_VALUE
 
 
 def matmul_rows(w, X: np.ndarray, out: np.ndarray, packed: bool = False) -> np.ndarray:
@@ -218,7 +237,8 @@ def matmul_rows(w, X: np.ndarray, out: np.ndarray, packed: bool = False) -> np.n
     w's format, all parts of a MultiMatrix in one call.  X f32[m, n_in] C-contiguous,
     out f32[m, n_out] C-contiguous."""
     qa = quantize_activations(X, w.vec_dot_type)
-    kernel = _BY_VALUE[(w.ggml_type._value_, isa.level)]
+    kernel = (_PACKED_BY_VALUE if packed else _BY_VALUE)[(w.ggml_type._value_,
+                                                          isa.level)]
     fns = kernel.fns if kernel.fns is not None else kernel.load()
     parts, rb = w.kernel_parts()
     run(fns, parts, rb, qa.qi, qa.d, qa.side_bytes, -2 if packed else -1,
@@ -279,6 +299,8 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
         mv = k.describe() if isinstance(k, IntKernels) else "float32 lanes (numba)"
         if (t, lv) in KERNELS and KERNELS[(t, lv)].has_packed:
             mm = f"{_TILE_ROWS}-row tiles < {PACKED_MIN_ROWS} rows, packed GEMM above"
+        elif (t, lv) in PACKED_KERNELS:
+            mm = f"matvec per row < {PACKED_MIN_ROWS} rows, packed GEMM above"
         elif (t, lv) in KERNELS:
             n = ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv][t]
             mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
