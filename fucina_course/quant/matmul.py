@@ -23,12 +23,13 @@ by m rows at once.  Three paths, chosen by `path=`:
   with numpy's `@` (OpenBLAS sgemm), straight into the output columns of those rows.
   The weights stay in their block format; only one tile is ever float32.
 
-"auto" (the default): "packed" from `PACKED_MIN_ROWS` (16) rows where it exists (up to
+"auto" (the default): "packed" from `PACKED_MIN_ROWS` (16) rows where it exists, which
+is every integer format at every level but a generic one without isa.GENERIC_IR (up to
 15 rows stay on "rows": a batch decode of up to 15 streams, or a speculative verify
 step, equals its one-token steps bit for bit); "rows" below `rows_blas_min_rows(format)`
-rows for the other formats that have multi-row kernels, else "gemv" below
-`PREFILL_MIN_ROWS` (16) rows; "blas" from there on, and always with
-`exact_activations=False`.
+rows for any other format with multi-row kernels, else "gemv" below
+`PREFILL_MIN_ROWS` (16) rows; "blas" from there on (the float formats), and always
+with `exact_activations=False`.
 
 **Numerics.**  With `exact_activations=True` (the default) all paths compute what
 llama.cpp computes: the activations are first rounded through the weight's
