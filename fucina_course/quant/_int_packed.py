@@ -241,7 +241,8 @@ class _Blk32:
     """The 32-element formats: per block 8 quant vectors (u = q + off), d_w, m_w.
     Each block's lanes start at the row's -off * sum(x) (the prep's int32 per 32) and
     end with the block's exact integer total.  avx2 Q8_0 (the sign trick, `_Dot`):
-    8 vectors of |q| and 8 of q instead, and no offset."""
+    8 vectors of |q| and 8 of q instead, and no offset; generic: 16 vectors of q as
+    int16 pairs, no offset."""
 
     CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes (zmm)
     QK = 32
@@ -310,7 +311,8 @@ class _KQuant:
     A row's super-block: each sub-block's exact integer total, converted and scaled
     by d_w * sc_s (one fma per sub-block for all lanes' weight rows); Q4_K / Q5_K
     subtract dmin_w * sum_s m_s bsum_s (vpdpwssd on int16 pairs: the prep packs the
-    row's sums of 32 as pairs); then one fma by d_x."""
+    row's sums of 32 as pairs); then one fma by d_x.  Generic: the quant vectors as
+    int16 pairs (16 per 32 elements), Q6_K's as q, without its offset."""
 
     CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB (zmm)
     QK = 256
