@@ -32,11 +32,13 @@ def _kernel_lines(types=None) -> list[str]:
     """`info --kernels`: the instruction-set level and each format's kernels."""
     from .quant import isa, kernel_choices
 
+    rows = kernel_choices(types)
+    w = max([len("matvec (decode)")] + [len(mv) for _, _, mv, _ in rows])
     out = [f"kernels: level {isa.level} on {isa.cpu_family()} (this CPU runs "
            f"{', '.join(isa.USABLE)}; FUCINA_SIMD=<level> forces a lower one)",
-           f"  {'format':<6} {'level':<10}  {'matvec (decode)':<34} matmul (prefill)"]
-    for name, level, mv, mm in kernel_choices(types):
-        out.append(f"  {name:<6} {level:<10}  {mv:<34} {mm}")
+           f"  {'format':<6} {'level':<10}  {'matvec (decode)':<{w}}  matmul (prefill)"]
+    for name, level, mv, mm in rows:
+        out.append(f"  {name:<6} {level:<10}  {mv:<{w}}  {mm}")
     return out
 
 

@@ -818,6 +818,29 @@ def test_pending_and_prepare_in_a_cold_cache(tmp_path):
     assert _python(code, env).splitlines()[0] == "[]"      # the next process: cached
 
 
+@pytest.mark.skipif(not isa.GENERIC_IR, reason="no generic IR kernels here")
+def test_pending_and_prepare_compile_the_packed_only_modules(tmp_path):
+    # at generic, Q8_0's decode is a float kernel and its prefill a module of the
+    # packed GEMM alone (matmul.PACKED_KERNELS): the first start compiles both, and
+    # reports Q8_0 once
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    code = """if True:
+        from gguf import GGMLQuantizationType as T
+        from fucina_course import startup
+        from fucina_course.quant import _jit, isa
+        from fucina_course.quant.matmul import packed_kernel_for
+        types = [T.Q8_0]
+        pk = packed_kernel_for(T.Q8_0, isa.GENERIC)
+        print(pk.packed_only, [t.name for t in startup.pending(types, isa.GENERIC)])
+        steps = []
+        startup.prepare(types, isa.GENERIC, step=steps.append)
+        print(sorted(steps), [t.name for t in startup.pending(types, isa.GENERIC)],
+              _jit.is_cached(pk.name, isa.GENERIC))
+    """
+    out = _python(code, env).splitlines()
+    assert out == ["True ['Q8_0']", "['Q8_0', 'activations', 'driver'] [] True"]
+
+
 def test_info_kernels_prints_the_table():
     env = {**os.environ, "FUCINA_SIMD": isa.USABLE[0]}
     out = subprocess.run([sys.executable, "-m", "fucina_course", "info", "--kernels"],
