@@ -71,14 +71,16 @@ from .formats import (FORMATS, QK_K, SUPPORTED_TYPES, VEC_DOT_TYPE, BlockFormat,
                       block_geometry, check_supported, row_bytes)
 from .matrix import MultiMatrix, QuantMatrix
 from .matvec import bound_matvec, matvec, matvec_quantized
-from .matmul import (PACKED_MIN_ROWS, PREFILL_MIN_ROWS, has_packed_kernel, kernel_choices,
-                     matmul)
+from .matmul import (PACKED_MIN_ROWS, PREFILL_MIN_ROWS, has_packed_kernel,
+                     kernel_choices, matmul)
 
 __all__ = [
     "FORMATS", "BlockFormat", "SUPPORTED_TYPES", "VEC_DOT_TYPE", "QK_K",
     "check_supported", "block_geometry", "row_bytes", "dequantize", "dequantize_rows",
-    "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "bound_matvec", "matmul",
-    "PREFILL_MIN_ROWS", "PACKED_MIN_ROWS", "has_packed_kernel", "quantize_activations", "QuantizedActivations", "fake_quant",
+    "QuantMatrix", "MultiMatrix", "matvec", "matvec_quantized", "bound_matvec",
+    "matmul",
+    "PREFILL_MIN_ROWS", "PACKED_MIN_ROWS", "has_packed_kernel", "quantize_activations",
+    "QuantizedActivations", "fake_quant",
     "NonFiniteActivations",
     "kernel_choices",
 ]

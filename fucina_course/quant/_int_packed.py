@@ -194,10 +194,10 @@ def _madd_host(b, a16, b16):
     """<8 x i32>: the generic level's pairs of int16 products.  For an x86-64 module
     (its triple: the host's, _jit.new_module) pmaddwd of SSE2, which every x86-64 CPU
     has, by halves (LLVM joins them into one ymm vpmaddwd where the target has AVX2);
-    elsewhere `_ir.madd`'s plain IR (NEON on ARM).  Not `_ir.madd` on x86: with one operand a broadcast, LLVM folds the splat
-    into its pattern and no longer sees a vpmaddwd (vpmulld, vpshufb and blends
-    instead): 55-60 GFLOP/s, against 165-200 with this (haswell code, layer
-    matrices of the 0.6B geometry, 2026-12-02)."""
+    elsewhere `_ir.madd`'s plain IR (NEON on ARM).  Not `_ir.madd` on x86: with one
+    operand a broadcast, LLVM folds the splat into its pattern and no longer sees a
+    vpmaddwd (vpmulld, vpshufb and blends instead): 55-60 GFLOP/s, against 165-200
+    with this (haswell code, layer matrices of the 0.6B geometry, 2026-12-02)."""
     if not str(b.module.triple).startswith(("x86_64", "amd64")):
         return madd(b, isa.GENERIC, a16, b16)
     a16, b16 = b.bitcast(a16, V(I16, 16)), b.bitcast(b16, V(I16, 16))
@@ -209,7 +209,7 @@ def _madd_host(b, a16, b16):
 
 def _dpwssd(b, level, acc, a16, b16):
     """acc + pairs of int16 products per lane: vpdpwssd on the VNNI levels, vpmaddwd
-    (generic: its plain-IR pattern) and an add elsewhere."""
+    (generic: `_madd_host`) and an add elsewhere."""
     if level == isa.GENERIC:
         return b.add(acc, _madd_host(b, a16, b16))
     if level == isa.AVX2:
@@ -251,8 +251,10 @@ class _Blk32:
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
         self.dot = _Dot(level, t)
         self.wide = level == isa.GENERIC             # int16 weights, signed
-        self.nq = 16 if self.dot.signed or self.wide else 8  # quant vectors per block
-        self.VECS = self.nq + 2
+        self.nq = 16 if self.wide else 8             # quant vectors per block ...
+        self.nsign = 8 if self.dot.signed else 0     # ... and q's, for the sign trick
+        self.dslot = self.nq + self.nsign            # d_w's slot, then m_w's
+        self.VECS = self.dslot + 2
         self.off = 0 if self.dot.signed or self.wide else unsigned_offset(t)
         self.ext = 8 if self.off else None      # prep: n / 8 bytes (an i32 per 32)
 
@@ -274,9 +276,9 @@ class _Blk32:
             zero = ir.Constant(q.type, None)
             aq = b.select(b.icmp_signed("<", q, zero), b.sub(zero, q), q)
             _store(b, scratch, b.add(base, i64(k)), aq)
-            _store(b, scratch, b.add(base, i64(8 + k)), q)
+            _store(b, scratch, b.add(base, i64(self.nq + k)), q)
         fmt = self.fmt
-        for slot, off in ((self.nq, fmt.d_offset), (self.nq + 1, fmt.m_offset)):
+        for slot, off in ((self.dslot, fmt.d_offset), (self.dslot + 1, fmt.m_offset)):
             if off is not None:
                 _store(b, scratch, b.add(base, i64(slot)), _f16_lanes(b, ptrs, off))
 
@@ -284,12 +286,11 @@ class _Blk32:
         n = self.n
         fv = V(F32, n)
         qv = V(I16, 2 * n) if self.wide else V(I8, 4 * n)
-        nq = 16 if self.wide else 8
-        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(nq)]
-        signs = ([_slot(b, scratch, b.add(base, i64(8 + k)), qv) for k in range(8)]
-                 if self.dot.signed else None)
-        dw = _slot(b, scratch, b.add(base, i64(self.nq)), fv)
-        mw = (_slot(b, scratch, b.add(base, i64(self.nq + 1)), fv)
+        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(self.nq)]
+        signs = ([_slot(b, scratch, b.add(base, i64(self.nq + k)), qv)
+                  for k in range(self.nsign)] if self.nsign else None)
+        dw = _slot(b, scratch, b.add(base, i64(self.dslot)), fv)
+        mw = (_slot(b, scratch, b.add(base, i64(self.dslot + 1)), fv)
               if self.fmt.m_offset is not None else None)
         for (x, xd, xs, ext), acc in zip(rows, accs):
             tot = (_bcast(b, ext, b.mul(blk, i64(4)), n) if self.off
@@ -505,16 +506,17 @@ def define_packed(mod, name, t, level, fallback):
             with other:
                 b.call(fallback, list(fn.args))
             with full:
-                _groups(b, lay, fn.args, scratch, i64(ROWS // n))
+                _groups(b, lay, fn.args, scratch, i64(ROWS // n), partial=False)
     else:
         ngroup = b.udiv(b.add(count, i64(n - 1)), i64(n))
-        _groups(b, lay, fn.args, scratch, ngroup)
+        _groups(b, lay, fn.args, scratch, ngroup, partial=True)
     b.ret_void()
 
 
-def _groups(b, lay, args, scratch, ngroup):
+def _groups(b, lay, args, scratch, ngroup, partial):
     """The ngroup groups of `lay.n` weight rows from r0 on: each repacked a chunk at a
-    time, all activation rows passed over each chunk (`_rows`)."""
+    time, all activation rows passed over each chunk (`_rows`).  `partial`: the last
+    group may have fewer rows (generic): its missing lanes repeat row r1 - 1."""
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = args
     bpb, n = lay.fmt.block_bytes, lay.n
     nblk = b.udiv(rb, i64(bpb))
@@ -523,12 +525,15 @@ def _groups(b, lay, args, scratch, ngroup):
     last = b.sub(r1, i64(1))
     with for_range(b, i64(0), ngroup) as g:
         rg = b.add(r0, b.mul(g, i64(n)))
-        valid = b.sub(r1, rg)                     # rows of the group that exist
-        valid = b.select(b.icmp_signed("<", valid, i64(n)), valid, i64(n))
+        valid = i64(n)                            # rows of the group that exist
+        if partial:
+            valid = b.sub(r1, rg)
+            valid = b.select(b.icmp_signed("<", valid, i64(n)), valid, i64(n))
         rows = []
         for j in range(n):
             r = b.add(rg, i64(j))
-            r = b.select(b.icmp_signed("<", r, r1), r, last)
+            if partial:
+                r = b.select(b.icmp_signed("<", r, r1), r, last)
             rows.append(b.gep(w, [b.mul(r, rb)]))
         with for_range(b, i64(0), nchunk) as c:
             k0 = b.mul(c, i64(lay.CHUNK))

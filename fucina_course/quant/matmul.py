@@ -298,10 +298,10 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
     for t in types:
         lv, k = kernel_for(t, level)
         mv = k.describe() if isinstance(k, IntKernels) else "float32 lanes (numba)"
-        if (t, lv) in KERNELS and KERNELS[(t, lv)].has_packed:
-            mm = f"{_TILE_ROWS}-row tiles < {PACKED_MIN_ROWS} rows, packed GEMM above"
-        elif (t, lv) in PACKED_KERNELS:
-            mm = f"matvec per row < {PACKED_MIN_ROWS} rows, packed GEMM above"
+        if (t, lv) in PACKED_KERNELS:
+            below = (f"{_TILE_ROWS}-row tiles" if (t, lv) in KERNELS
+                     else "matvec per row")
+            mm = f"{below} < {PACKED_MIN_ROWS} rows, packed GEMM above"
         elif (t, lv) in KERNELS:
             n = ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv][t]
             mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
