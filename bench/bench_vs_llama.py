@@ -2,7 +2,8 @@
 
     python bench/bench_vs_llama.py MODEL [MODEL ...] [--threads 2] [--pp 16,64,256]
         [--tg 128] [--repeats 3] [--rounds 1] [--levels avx512vnni,avx2,generic]
-        [--llama-path DIR] [--llama-avx2 DIR] [--llama-bench PATH] [--markdown]
+        [--llama-path DIR] [--llama-avx2 DIR] [--llama-bench PATH]
+        [--llama-bench-avx2 PATH] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
 `synth:GEOMETRY:FORMAT`, written into the cache dir on first use: GEOMETRY is
@@ -22,6 +23,8 @@ or `--llama-path DIR`.  The build's own `llama_print_system_info` is reported.  
 issue-10 table (docs/BENCHMARKS.md, kernel levels), on a quiet machine:
 
     scripts/build_llama_cpp_avx2.sh /work/llama-avx2      # once, ~15 min
+    scripts/build_llama_bench.sh                          # once each, ~10-15 min:
+    LLAMA_CPP_ISA=avx2 scripts/build_llama_bench.sh       #   the second witnesses
     python bench/bench_vs_llama.py synth:qwen3-0.6b:Q8_0 synth:qwen3-0.6b:Q4_K \\
         qwen2.5-coder-0.5b smollm2-135m --threads 2 --pp 64,256 --tg 64 \\
         --repeats 3 --levels avx512vnni,avx2,generic --llama-avx2 /work/llama-avx2 \\
@@ -52,7 +55,10 @@ taken is the median of its `samples_ts` (per-repetition tok/s, as our medians; i
 disagree by more than 10% on a test, a warning line names it -- one of the two
 measurements is then not the llama.cpp speed.  llama-bench is the build of the best ISA
 (the environment's flags), so it is compared only with the levels that use the main
-binding, not those run against `--llama-avx2`.
+binding.  The levels run against `--llama-avx2` have their own second witness,
+`--llama-bench-avx2 PATH` (default: ~/.cache/fucina_course/llama-bench-avx2/bin/
+llama-bench, built by `LLAMA_CPP_ISA=avx2 scripts/build_llama_bench.sh`: the same
+source, llama.cpp's AVX2 level as the AVX2 binding), in the same columns.
 
 `--rounds N`: each fucina run is followed by a llama.cpp run of the matching build (and,
 once per round, by llama-bench: fucina, binding, llama-bench, never two at once), N
@@ -178,6 +184,8 @@ def run_sub(args: list[str], threads: int, env_extra: dict | None = None) -> dic
 
 DEFAULT_LLAMA_BENCH = os.path.expanduser(
     "~/.cache/fucina_course/llama-bench/bin/llama-bench")
+DEFAULT_LLAMA_BENCH_AVX2 = os.path.expanduser(
+    "~/.cache/fucina_course/llama-bench-avx2/bin/llama-bench")
 DISAGREE = 0.10   # binding vs llama-bench: warn above this relative difference
 
 
@@ -222,6 +230,19 @@ def run_llama_bench(exe: str, path: str, threads: int, pp: str, tg: int,
     return parse_llama_bench(out.stdout)
 
 
+def usable_llama_bench(given: str | None, default: str, how: str) -> str:
+    """The llama-bench binary to run (`given`, or `default` if None), or "" with a
+    note on stderr if there is none: the witness missing costs its column only."""
+    exe = default if given is None else given
+    if exe and not (os.path.isfile(exe) and os.access(exe, os.X_OK)):
+        print(f"note: no llama-bench at {exe} ({how}scripts/build_llama_bench.sh builds "
+              "it): its column is left out", file=sys.stderr)
+        return ""
+    if not exe:
+        print("note: a llama-bench of \"\": its column is left out", file=sys.stderr)
+    return exe
+
+
 def disagreement(binding: float, bench: float) -> float:
     """Relative difference of the binding's tok/s from llama-bench's."""
     return binding / bench - 1.0
@@ -259,6 +280,10 @@ def main() -> None:
                     help="llama.cpp's llama-bench binary, the second llama.cpp column "
                          "(default: scripts/build_llama_bench.sh's, "
                          f"{DEFAULT_LLAMA_BENCH}, if built; \"\": none)")
+    ap.add_argument("--llama-bench-avx2", default=None, metavar="PATH",
+                    help="llama-bench built for llama.cpp's AVX2 level, the second "
+                         "witness of the levels run against --llama-avx2 (default: "
+                         f"{DEFAULT_LLAMA_BENCH_AVX2}, if built; \"\": none)")
     ap.add_argument("--no-emulate", dest="emulate", action="store_false",
                     help="levels below avx512vnni: only FUCINA_SIMD, with numba and "
                          "OpenBLAS still using this CPU's AVX-512 elsewhere")
@@ -277,14 +302,12 @@ def main() -> None:
     bad = [lv for lv in levels if lv and lv not in LEVELS]
     if bad:
         raise SystemExit(f"unknown level(s) {bad}: expected some of {LEVELS}")
-    lb_exe = DEFAULT_LLAMA_BENCH if args.llama_bench is None else args.llama_bench
-    if lb_exe and not (os.path.isfile(lb_exe) and os.access(lb_exe, os.X_OK)):
-        print(f"note: no llama-bench at {lb_exe} (scripts/build_llama_bench.sh builds "
-              "it): its columns are left out", file=sys.stderr)
-        lb_exe = ""
-    elif not lb_exe:
-        print("note: --llama-bench \"\": llama-bench's columns are left out",
-              file=sys.stderr)
+    # the witness of each llama.cpp build: {build dir or None: llama-bench path or ""}
+    lb_exes = {args.llama_path: usable_llama_bench(args.llama_bench,
+                                                   DEFAULT_LLAMA_BENCH, "")}
+    if args.llama_avx2 and any(lv and lv != "avx512vnni" for lv in levels):
+        lb_exes[args.llama_avx2] = usable_llama_bench(
+            args.llama_bench_avx2, DEFAULT_LLAMA_BENCH_AVX2, "LLAMA_CPP_ISA=avx2 ")
     rows, builds, lb_builds, warnings, warned = [], {}, set(), [], set()
     for model in args.models:
         path = resolve(model)
@@ -293,9 +316,9 @@ def main() -> None:
         # (level, isa, test) -> [(fucina tok/s, llama.cpp tok/s, llama-bench tok/s or
         # None)], one triple per round
         runs: dict = {}
-        lb: dict | None = None
+        lbs: dict = {}          # build -> llama-bench's last figures
         for rnd in range(args.rounds):
-            lb_this_round = False
+            lb_this_round: set = set()
             for level in levels:
                 build = args.llama_path
                 if level and level != "avx512vnni" and args.llama_avx2:
@@ -315,15 +338,16 @@ def main() -> None:
                         llama_env(build))
                 theirs = theirs_by_build[build]
                 builds[theirs["build"]] = theirs["isa"]
-                # llama-bench, the main build's witness: once a round, after the binding
-                main_build = build == args.llama_path
-                if lb_exe and main_build and not lb_this_round and (lb is None
-                                                                    or args.rounds > 1):
-                    lb = run_llama_bench(lb_exe, path, args.threads, args.pp, args.tg,
-                                         args.repeats)
-                    if "build" in lb:
-                        lb_builds.add(lb["build"])
-                    lb_this_round = True
+                # llama-bench, the build's witness: once a round, after the binding
+                exe = lb_exes.get(build, "")
+                if exe and build not in lb_this_round and (build not in lbs
+                                                           or args.rounds > 1):
+                    lbs[build] = run_llama_bench(exe, path, args.threads, args.pp,
+                                                 args.tg, args.repeats)
+                    if "build" in lbs[build]:
+                        lb_builds.add(f"{exe}: {lbs[build]['build']}")
+                    lb_this_round.add(build)
+                lb = lbs.get(build)
                 label = level or "default"
                 pairs = [(f"pp{a['tokens']}", a["tok_s"], b["tok_s"])
                          for a, b in zip(ours["prefill"], theirs["prefill"])]
@@ -331,7 +355,7 @@ def main() -> None:
                     pairs.append((f"tg{ours['decode']['tokens']}",
                                   ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
                 for test, a, b in pairs:
-                    c = lb.get(test) if (lb and main_build) else None
+                    c = lb.get(test) if lb else None
                     runs.setdefault((label, theirs["isa"], test), []).append((a, b, c))
                     print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
                           f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}"
@@ -373,8 +397,8 @@ def main() -> None:
               f"threads={args.threads}, Python {platform.python_version()}, median of "
               f"{args.repeats}{rounds}; {emu}; llama.cpp builds: "
               + "; ".join(f"{b} ({isa})" for b, isa in builds.items())
-              + (f"; llama-bench: {lb_exe} ({', '.join(sorted(lb_builds))}, same "
-                 "source and flags as the binding)" if with_lb else "")
+              + (f"; llama-bench: {'; '.join(sorted(lb_builds))} (same source and "
+                 "flags as the binding of its ISA)" if with_lb else "")
               + "\n")
         each = " | rounds" if args.rounds > 1 else ""
         lb_head = " llama-bench tok/s | ratio (llama-bench) |" if with_lb else ""

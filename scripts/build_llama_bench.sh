@@ -5,6 +5,10 @@
 #     scripts/build_llama_bench.sh [DIR]         # default DIR: ~/.cache/fucina_course/llama-bench
 #     python bench/bench_vs_llama.py MODEL       # picks up DIR/bin/llama-bench by itself
 #
+# LLAMA_CPP_ISA=avx2 builds llama.cpp's AVX2 level instead (llama_cpp_flags.sh), by default into
+# ~/.cache/fucina_course/llama-bench-avx2: the second witness of bench_vs_llama.py's emulated
+# levels (avxvnni, avx2, generic), beside the AVX2 binding of build_llama_cpp_avx2.sh.
+#
 # Same source as the binding: the llama.cpp that the llama-cpp-python sdist vendors
 # (vendor/llama.cpp of the same version), fetched with pip download.  Same CMake flags:
 # llama_cpp_flags.sh, shared with install_llama_cpp.sh (every ISA extension /proc/cpuinfo lists,
@@ -19,7 +23,7 @@ set -euo pipefail
 PY=${PYTHON:-python3}
 source "$(dirname "${BASH_SOURCE[0]}")/llama_cpp_flags.sh"
 VERSION=$LLAMA_CPP_VERSION
-DIR=${1:-$HOME/.cache/fucina_course/llama-bench}
+DIR=${1:-$HOME/.cache/fucina_course/llama-bench${LLAMA_CPP_ISA:+-$LLAMA_CPP_ISA}}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 2)}
 CMAKE_ARGS="$LLAMA_CPP_CMAKE_ARGS -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON"
 CMAKE_ARGS+=" -DLLAMA_BUILD_COMMON=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=OFF"

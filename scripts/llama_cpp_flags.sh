@@ -9,6 +9,12 @@
 # comparison is against the fastest llama.cpp this CPU can run (a generic build would flatter us).
 LLAMA_CPP_VERSION=0.3.36
 _llama_cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
+# LLAMA_CPP_ISA=avx2: llama.cpp's x86 AVX2 level whatever this CPU has (AVX, AVX2, FMA, F16C,
+# BMI2; no AVX-512, no AVX-VNNI), the witness of the emulated avx2 / generic levels of
+# bench/bench_vs_llama.py (the same set as scripts/build_llama_cpp_avx2.sh's binding).
+if [[ "${LLAMA_CPP_ISA:-}" == avx2 ]]; then
+  _llama_cpu_flags="flags : avx avx2 fma f16c bmi2"
+fi
 _llama_has() { [[ " $_llama_cpu_flags " == *" $1 "* ]] && echo ON || echo OFF; }
 LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=$(_llama_has avx) -DGGML_AVX2=$(_llama_has avx2)"
 LLAMA_CPP_CMAKE_ARGS+=" -DGGML_FMA=$(_llama_has fma) -DGGML_F16C=$(_llama_has f16c)"

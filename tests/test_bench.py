@@ -52,3 +52,32 @@ def test_llama_bench_json_is_read_per_test():
     assert cmd[cmd.index("-fa") + 1] == "off" and cmd[cmd.index("-b") + 1] == "512"
     assert bvl.llama_bench_cmd("lb", "m", 2, "", 16, 1)[4] == "0"
     assert abs(bvl.disagreement(110.0, 100.0) - 0.10) < 1e-12
+
+
+def test_each_llama_cpp_build_has_its_llama_bench(tmp_path, capsys):
+    """The emulated levels' second witness: LLAMA_CPP_ISA=avx2 gives llama.cpp's AVX2
+    level's flags on any CPU (the same set as the AVX2 binding's script), and a
+    llama-bench that is not there costs its column, with a note, not the run."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    flags = subprocess.run(
+        ["bash", "-c", "source scripts/llama_cpp_flags.sh; echo $LLAMA_CPP_CMAKE_ARGS"],
+        cwd=root, env={"LLAMA_CPP_ISA": "avx2", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, check=True).stdout.split()
+    for on in ("AVX", "AVX2", "FMA", "F16C", "BMI2"):
+        assert f"-DGGML_{on}=ON" in flags
+    for off in ("AVX512", "AVX512_VNNI", "AVX512_VBMI", "AVX512_BF16", "AVX_VNNI"):
+        assert f"-DGGML_{off}=OFF" in flags
+    script = (root / "scripts" / "build_llama_cpp_avx2.sh").read_text()
+    assert all(f in script for f in flags if f.startswith("-DGGML_"))
+
+    bvl = _bench_vs_llama()
+    exe = tmp_path / "llama-bench"
+    assert bvl.usable_llama_bench(None, str(exe), "LLAMA_CPP_ISA=avx2 ") == ""
+    assert "LLAMA_CPP_ISA=avx2 scripts/build_llama_bench.sh" in capsys.readouterr().err
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o755)
+    assert bvl.usable_llama_bench(None, str(exe), "") == str(exe)
+    assert bvl.usable_llama_bench("", str(exe), "") == ""
