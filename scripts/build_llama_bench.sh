@@ -62,5 +62,11 @@ cmake -S "$SRC" -B "$DIR" "${gen[@]}" $CMAKE_ARGS >"$DIR/configure.log" 2>&1 \
 echo "building llama-bench in $DIR with $JOBS jobs (~10-15 minutes on 2 cores)" >&2
 cmake --build "$DIR" --target llama-bench -j "$JOBS"
 "$DIR/bin/llama-bench" --help >/dev/null
+# the AVX2 witness must be one: its CPU library holds no zmm instruction
+if [[ "${LLAMA_CPP_ISA:-}" == avx2 ]] && command -v objdump >/dev/null \
+   && objdump -d "$DIR/bin/libggml-cpu.so" | grep -q zmm; then
+  echo "error: $DIR/bin/libggml-cpu.so contains AVX-512 (zmm) instructions" >&2
+  exit 1
+fi
 echo "$STAMP" >"$DIR/build-stamp.txt"
 echo "ok: $DIR/bin/llama-bench" >&2
