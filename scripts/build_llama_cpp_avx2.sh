@@ -14,7 +14,9 @@
 # ~15 minutes on 2 cores.  Nothing of it is committed.
 set -euo pipefail
 PY=${PYTHON:-python}
-VERSION=0.3.36
+# llama.cpp's AVX2 level, the flags llama-bench's AVX2 witness is built with too
+LLAMA_CPP_ISA=avx2 source "$(dirname "${BASH_SOURCE[0]}")/llama_cpp_flags.sh"
+VERSION=$LLAMA_CPP_VERSION
 DIR=${1:-/work/llama-avx2}
 if PYTHONPATH="$DIR" "$PY" -c "import llama_cpp, os, sys
 here = os.path.realpath(llama_cpp.__file__).startswith(os.path.realpath('$DIR'))
@@ -22,12 +24,7 @@ sys.exit(0 if here and llama_cpp.__version__ == '$VERSION' else 1)" 2>/dev/null;
   echo "$DIR already holds llama-cpp-python $VERSION" >&2
   exit 0
 fi
-CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-CMAKE_ARGS+=" -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF"
-CMAKE_ARGS+=" -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF"
-CMAKE_ARGS+=" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF"
-CMAKE_ARGS+=" -DGGML_BLAS=OFF -DGGML_OPENMP=ON"
-CMAKE_ARGS+=" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
+CMAKE_ARGS=$LLAMA_CPP_CMAKE_ARGS
 export CMAKE_ARGS
 echo "building llama-cpp-python $VERSION into $DIR with: $CMAKE_ARGS" >&2
 "$PY" -m pip install -q --no-cache-dir --no-deps --target "$DIR" \

@@ -71,7 +71,8 @@ def test_each_llama_cpp_build_has_its_llama_bench(tmp_path, capsys):
     for off in ("AVX512", "AVX512_VNNI", "AVX512_VBMI", "AVX512_BF16", "AVX_VNNI"):
         assert f"-DGGML_{off}=OFF" in flags
     script = (root / "scripts" / "build_llama_cpp_avx2.sh").read_text()
-    assert all(f in script for f in flags if f.startswith("-DGGML_"))
+    assert 'LLAMA_CPP_ISA=avx2 source "$(dirname' in script   # the binding: same flags
+    assert "CMAKE_ARGS=$LLAMA_CPP_CMAKE_ARGS" in script and "-DGGML_" not in script
 
     bvl = _bench_vs_llama()
     exe = tmp_path / "llama-bench"
