@@ -743,15 +743,16 @@ def test_generic_ir_kernels_are_portable(t):
     # The generic level's IR kernels name no target intrinsic, so LLVM compiles them
     # for any CPU: for 64-bit ARM they become NEON widening multiplies and native f16
     # conversions, with no call to a runtime function; for a plain x86-64 v3 CPU,
-    # vpmullw / vpmaddwd and vcvtph2ps.  One exception, in an x86-64 module only: the
-    # packed GEMM's pmaddwd of SSE2, the x86-64 baseline (_int_packed._madd_host).
+    # vpmullw / vpmaddwd and vcvtph2ps.  The exceptions, in an x86-64 module only:
+    # pmaddwd and packssdw of SSE2, the x86-64 baseline (_ir.madd_host, packssdw_host).
     for triple in ("aarch64-unknown-linux-gnu", "x86_64-unknown-linux-gnu"):
         mod = _jit.new_module("generic")
         mod.triple = triple
         IntKernels(t, isa.GENERIC).build(mod)
         text = str(mod)
         assert "llvm.prefetch" in text
-        assert set(re.findall(r"llvm\.x86\.[\w.]+", text)) <= {"llvm.x86.sse2.pmadd.wd"}
+        assert set(re.findall(r"llvm\.x86\.[\w.]+", text)) <= {
+            "llvm.x86.sse2.pmadd.wd", "llvm.x86.sse2.packssdw.128"}
         if triple.startswith("aarch64"):
             assert "llvm.x86" not in text
             arm = _asm_for(mod, triple, "neoverse-n1")

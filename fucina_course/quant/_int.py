@@ -347,10 +347,11 @@ def run(fns, parts, rb, x, xd, xs, row, y, ldy, xf):
     prep = fns[PREP_MV] if one else fns[PREP_PK] if packed else fns[PREP_MM]
     matmul = fns[PACKED] if packed else fns[MATMUL]
     nr = 1 if one else m
-    # the packed path's prep adds its per-row data (n / 4 bytes at most) after the
-    # tiles' n bytes, or after the generic level's int16 activations (2n bytes:
-    # _int_packed.prep_packed)
-    s = np.empty((nr, (2 * n + n // 4 if packed else n) if prep != 0 else 0), np.uint8)
+    # a prep writes n bytes (tiles, lane offsets, Q4_K's nibble order) or the generic
+    # level's int16 activations (2n bytes: _int_matvec.prep_x16); the packed path's
+    # adds its per-row data (n / 4 bytes at most) after them (_int_packed.prep_packed)
+    s = np.empty((nr, (2 * n + n // 4 if packed else 2 * n) if prep != 0 else 0),
+                 np.uint8)
     if prep != 0 and one:             # decode: no second parallel region per matvec
         _call_prep(prep, x[row], s[0])
     elif prep != 0:

@@ -39,10 +39,12 @@ exceed 2^15 - 1, which decides how each format is fed:
   integer totals first (`q4k_row`): their float work is the same at every level, and a
   tile of rows does it for 8 rows in one vector.
 
-The generic level builds the 4- and 5-bit formats with the same code (Q4_K / Q5_K
-and the lane sums as avx2 has them), its dot products written in plain vector IR
-(`_ir.dot4_portable`, `maddubs`, `madd`), compiled for the host as numba compiles its
-own code.
+The generic level builds the 4- and 5-bit formats with the same code, compiled for
+the host as numba compiles its own code.  The 32-element ones write their dot products
+in plain vector IR (`_ir.dot4_portable`); Q4_K / Q5_K read an int16 copy of the
+activations made once per call and multiply with pmaddwd, the one integer multiply
+every x86-64 CPU has (SSE2; plain IR elsewhere), then pack and scale as the VNNI
+levels do (`q4k_lanes16`).
 
 Which builder each (format, level) uses is registered in the format's record
 (`FORMATS[t].kernels.int_rows`, end of file); _int.py turns them into kernels.
@@ -58,9 +60,9 @@ from llvmlite import ir
 
 from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
-                  dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32, i64, load,
-                  load_f16, madd, maddubs, packssdw, prefetch, shuffle, splat, sum_pair,
-                  totals4)
+                  dot4, dpbusd, dpwssd, fma, fold16, for_range, half, hsum_f32, i64, load,
+                  load_f16, madd, madd_host, maddubs, packssdw, packssdw_host, prefetch,
+                  shuffle, splat, sum_pair, totals4)
 from .formats import FORMATS, registers
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
@@ -108,6 +110,15 @@ def prep_xor80(b, x, n, s):
 
 
 # --- Q4_K / Q5_K ----------------------------------------------------------------------
+
+
+def prep_x16(b, x, n, s):
+    """The activations as int16, s[0:2n]: the generic level's Q4_K / Q5_K rows
+    (`q4k_x16`) and its packed GEMM (_int_packed._Dot) read them."""
+    s16 = b.bitcast(s, V(I16, 32).as_pointer())
+    with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
+        v = load(b, x, b.mul(k, i64(32)), V(I8, 32))
+        b.store(b.sext(v, V(I16, 32)), b.gep(s16, [k]), align=1)
 
 
 def _pairs(idx_list, zero_idx):
@@ -194,11 +205,11 @@ def q4k_quants(b, p, j, width, qhh):
 
 
 def q4k_scale_words(b, level, sm, width, sub_lo, sub_hi):
-    """The sub-block scales as int16 words, for `q4k_dot`.  VNNI: in the order of
-    packssdw(dot_lo, dot_hi), per 128-bit lane L 4 words of lo's sub-block then 4 of
-    hi's.  avx2: a pair (lo's scale in every word, hi's)."""
+    """The sub-block scales as int16 words, for `q4k_dot`.  VNNI and generic: in the
+    order of packssdw(dot_lo, dot_hi), per 128-bit lane L 4 words of lo's sub-block
+    then 4 of hi's.  avx2: a pair (lo's scale in every word, hi's)."""
     undef = ir.Constant(V(I8, 16), None)
-    if level in PAIR_LEVELS:
+    if level == isa.AVX2:
         return tuple(b.bitcast(shuffle(b, sm, undef, _pairs_w([s] * 16, 16)),
                                V(I16, 16)) for s in (sub_lo[0], sub_hi[0]))
     idx = []
@@ -209,8 +220,12 @@ def q4k_scale_words(b, level, sm, width, sub_lo, sub_hi):
 
 
 def q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc):
-    """sumi + the scaled products of one quant vector pair (lo, hi) with (xlo, xhi)."""
-    if level in PAIR_LEVELS:
+    """sumi + the scaled products of one quant vector pair (lo, hi) with (xlo, xhi)
+    (generic: int16 activations, `q4k_x16`)."""
+    if level == isa.GENERIC:
+        return b.add(sumi, madd_host(b, packssdw_host(b, q4k_lanes16(b, lo, xlo),
+                                                      q4k_lanes16(b, hi, xhi)), sc))
+    if level == isa.AVX2:
         plo = madd(b, level, maddubs(b, level, lo, xlo), sc[0])
         phi = madd(b, level, maddubs(b, level, hi, xhi), sc[1])
         return b.add(sumi, b.add(plo, phi))
@@ -218,6 +233,27 @@ def q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc):
     dlo = dpbusd(b, zero, lo, xlo)
     dhi = dpbusd(b, zero, hi, xhi)
     return dpwssd(b, sumi, packssdw(b, dlo, dhi), sc)
+
+
+def q4k_lanes16(b, q, x16):
+    """<8 x i32>: the generic level's sub-block lanes, 4 products q x each (32 nibbles,
+    +16 for Q5_K's 5th bit, by 32 int16 activations): two pmaddwd (`madd_host`) and
+    an add.  |lane| <= 4 * 31 * 128 < 2^15, so `packssdw_host` keeps them exact, and
+    one more pmaddwd multiplies them by the sub-block scales, as vpdpwssd does at the
+    VNNI levels.  Why not `maddubs` as avx2: in plain IR it is a vpmovsxbw of x per
+    row, a vpmullw and a horizontal add per 16 products (LLVM has no vpmaddubsw
+    pattern); the int16 copy of x is made once per call (`prep_x16`)."""
+    q16 = b.zext(q, V(I16, 32))
+    return b.add(madd_host(b, half(b, q16, 0), half(b, x16, 0)),
+                 madd_host(b, half(b, q16, 1), half(b, x16, 1)))
+
+
+def q4k_x16(b, s, xo, j):
+    """The int16 activations matching quant vector j (ymm), from the prep's copy in s
+    (`prep_x16`): (x_lo, x_hi) as <32 x i16>."""
+    e = b.add(xo, i64(64 * j))                       # element index
+    return (load(b, s, b.mul(e, i64(2)), V(I16, 32)),
+            load(b, s, b.mul(b.add(e, i64(32)), i64(2)), V(I16, 32)))
 
 
 def q4k_x(b, x, xo, j, width):
@@ -265,7 +301,10 @@ def q4k_row(b, w, x, xd, xbs, s, nsb, pf, level, width, five=False):
         xo = b.mul(i, i64(256))
         for j in range(1024 // width):     # quant vectors per super-block
             lo, hi, sub_lo, sub_hi = q4k_quants(b, p, j, width, qhh)
-            xlo, xhi = q4k_x(b, x, xo, j, width)
+            if level == isa.GENERIC:
+                xlo, xhi = q4k_x16(b, s, xo, j)
+            else:
+                xlo, xhi = q4k_x(b, x, xo, j, width)
             sc = q4k_scale_words(b, level, sm, width, sub_lo, sub_hi)
             sumi = q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc)
         q4k_block_floats(b, i, ddw, mw, sumi, xd, xbs, acc_p, level)
@@ -618,9 +657,9 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
 # --- which builder each (format, level) uses ------------------------------------------
 # Registered per format (`FORMATS[t].kernels.int_rows`): (t, level) -> RowSpec, at the
 # levels of the format's `int_levels`.  The generic level's IR kernels (matvec only)
-# are the 4- and 5-bit formats, whose builders take their dot products from `dot4` /
-# `maddubs` / `madd` (plain IR there; Q4_K / Q5_K as avx2 does them), with lane
-# offsets as on the VNNI levels for the 32-element ones.  Against the float kernels
+# are the 4- and 5-bit formats, whose builders take their dot products from `dot4`
+# (plain IR there) with lane offsets as on the VNNI levels for the 32-element ones,
+# and from pmaddwd on int16 activations for Q4_K / Q5_K (`q4k_lanes16`).  Against the float kernels
 # over a sweep (haswell code, 2026-12-01, docs/BENCHMARKS.md#generic-ir-kernels): Q5_K
 # 3.4x, Q5_0 2.8x, Q5_1 2.5x, Q4_K 1.9x, Q4_0 and Q4_1 1.5x.  Not Q8_0: its float
 # kernel has no bits to unpack and ran at 10.8-11.5 GB/s, the IR one at 8.0-9.8
@@ -632,7 +671,8 @@ class RowSpec(NamedTuple):
     """How the integer matvec kernel of one format is built at one level: `builder`
     (q4k_row, q6k_row or blk32_row) with the keyword arguments `opts`, and what it
     reads from its prep scratch, `prep`: None, "interleave" (the activations in Q4_K's
-    nibble order, `prep_interleave`) or "offsets" (`prep_lane_offsets`)."""
+    nibble order, `prep_interleave`), "offsets" (`prep_lane_offsets`) or "x16" (the
+    activations as int16, `prep_x16`)."""
 
     builder: Callable
     opts: dict
@@ -645,8 +685,9 @@ def _kquant_row_spec(t, level) -> RowSpec:
     levels on ymm: the faster form of each there
     (docs/BENCHMARKS.md#vnni-integer-kernels)."""
     width = 512 if (t == T.Q4_K and level == isa.AVX512VNNI) else 256
-    return RowSpec(q4k_row, dict(width=width, five=t == T.Q5_K),
-                   "interleave" if width == 512 else None)
+    prep = ("interleave" if width == 512 else "x16" if level == isa.GENERIC
+            else None)
+    return RowSpec(q4k_row, dict(width=width, five=t == T.Q5_K), prep)
 
 
 @registers("int_rows", T.Q6_K)
@@ -685,4 +726,6 @@ def prep_function(t, level):
         return prep_interleave
     if prep == "offsets":
         return prep_lane_offsets(unsigned_offset(t))
+    if prep == "x16":
+        return prep_x16
     return None

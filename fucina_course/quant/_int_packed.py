@@ -27,7 +27,7 @@ Layer matrices at m = 256 against the tiles (Sapphire Rapids class, the levels
 emulated, 2026-12-02): avx2 Q8_0 1.3x, Q4_K 1.6x; avxvnni Q8_0 3.4x, Q4_K 1.7x.
 The generic level (no tiles, and no instruction beyond the host's baseline) widens
 the weights to int16 in the repack and reads an int16 copy of the activations, one
-pmaddwd (SSE2; plain IR on other hosts) per 2 bytes of each lane, `_madd_host`; a
+pmaddwd (SSE2; plain IR on other hosts) per 2 bytes of each lane, `madd_host`; a
 chunk of fewer than 16 weight rows repeats its last row in the missing lanes.  It
 replaces BLAS there: Q8_0 / Q4_K layer matrices at m = 64, 10.9 / 11.3 ms against
 20.9 / 18.5; m = 256, 46.3 / 46.4 against 59.3 / 51.8.
@@ -49,11 +49,11 @@ from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
 from . import isa
-from ._int_matvec import (ROWS, blk32_quants, blk32_signed, q4k_d_dmin, q4k_scales,
-                          unsigned_offset)
-from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, by_halves,
-                  call, const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  madd, pmaddubsw, pmaddwd, shuffle, splat)
+from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin,
+                          q4k_scales, unsigned_offset)
+from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
+                  const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
+                  madd_host, pmaddubsw, pmaddwd, shuffle, splat)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -153,7 +153,7 @@ class _Dot:
 
     Generic: no target intrinsic.  The weights are repacked as signed int16 (q, not
     u: no offsets), 2 per lane, the activations read from the prep's int16 copy, and
-    each vector is one pmaddwd and an add (`_madd_host`): 2 instructions per 2 bytes
+    each vector is one pmaddwd and an add (`madd_host`): 2 instructions per 2 bytes
     of each lane, exact for every format."""
 
     def __init__(self, level, t):
@@ -169,7 +169,7 @@ class _Dot:
                for k in range(len(quants))]
         if self.level == isa.GENERIC:           # int16 pairs: x the prep's int16 copy
             for q, xb in zip(quants, xbs):
-                tot = b.add(tot, _madd_host(b, q, xb))
+                tot = b.add(tot, madd_host(b, q, xb))
             return tot
         if self.level != isa.AVX2:
             for q, xb in zip(quants, xbs):
@@ -190,28 +190,11 @@ class _Dot:
         return tot
 
 
-def _madd_host(b, a16, b16):
-    """<8 x i32>: the generic level's pairs of int16 products.  For an x86-64 module
-    (its triple: the host's, _jit.new_module) pmaddwd of SSE2, which every x86-64 CPU
-    has, by halves (LLVM joins them into one ymm vpmaddwd where the target has AVX2);
-    elsewhere `_ir.madd`'s plain IR (NEON on ARM).  Not `_ir.madd` on x86: with one
-    operand a broadcast, LLVM folds the splat into its pattern and no longer sees a
-    vpmaddwd (vpmulld, vpshufb and blends instead): 55-60 GFLOP/s, against 165-200
-    with this (haswell code, layer matrices of the 0.6B geometry, 2026-12-02)."""
-    if not str(b.module.triple).startswith(("x86_64", "amd64")):
-        return madd(b, isa.GENERIC, a16, b16)
-    a16, b16 = b.bitcast(a16, V(I16, 16)), b.bitcast(b16, V(I16, 16))
-
-    def sse2(x, y):
-        return call(b, "llvm.x86.sse2.pmadd.wd", V(I32, 4), x, y)
-    return by_halves(b, sse2, a16, b16)
-
-
 def _dpwssd(b, level, acc, a16, b16):
     """acc + pairs of int16 products per lane: vpdpwssd on the VNNI levels, vpmaddwd
-    (generic: `_madd_host`) and an add elsewhere."""
+    (generic: `madd_host`) and an add elsewhere."""
     if level == isa.GENERIC:
-        return b.add(acc, _madd_host(b, a16, b16))
+        return b.add(acc, madd_host(b, a16, b16))
     if level == isa.AVX2:
         return b.add(acc, pmaddwd(b, a16, b16))
     return dpwssd(b, acc, a16, b16)
@@ -227,14 +210,6 @@ def _lane_vectors(b, rows, wide):
     return [v for h in (0, 1)
             for v in transpose(b, [shuffle(b, r, r, range(8 * h, 8 * h + 8))
                                    for r in w])]
-
-
-def prep_x16(b, x, n, s):
-    """The generic level's activations as int16, s[0:2n] (`_Dot`)."""
-    s16 = b.bitcast(s, V(I16, 32).as_pointer())
-    with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
-        v = load(b, x, b.mul(k, i64(32)), V(I8, 32))
-        b.store(b.sext(v, V(I16, 32)), b.gep(s16, [k]), align=1)
 
 
 class _Blk32:
