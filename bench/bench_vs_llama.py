@@ -17,18 +17,18 @@ fucina process is made to run as on a CPU without AVX-512 (numba compiles for Ha
 or Alder Lake, OpenBLAS uses its Haswell kernels; `--no-emulate`: FUCINA_SIMD only).
 Each level is compared with
 the llama.cpp build of the same instruction set: `--llama-avx2 DIR` is a
-llama-cpp-python built with AVX-512 off (scripts/build_llama_cpp_avx2.sh), used for the
-levels below avx512vnni; otherwise (and for avx512vnni) the environment's llama_cpp,
+llama-cpp-python built with AVX-512 off (scripts/build_llama_cpp_avx2.sh; default: its
+default directory, ~/.cache/fucina_course/llama-avx2, if built), used for the levels
+below avx512vnni; otherwise (and for avx512vnni) the environment's llama_cpp,
 or `--llama-path DIR`.  The build's own `llama_print_system_info` is reported.  The
 issue-10 table (docs/BENCHMARKS.md, kernel levels), on a quiet machine:
 
-    scripts/build_llama_cpp_avx2.sh /work/llama-avx2      # once, ~15 min
+    scripts/build_llama_cpp_avx2.sh                       # once, ~15 min
     scripts/build_llama_bench.sh                          # once each, ~10-15 min:
     LLAMA_CPP_ISA=avx2 scripts/build_llama_bench.sh       #   the second witnesses
     python bench/bench_vs_llama.py synth:qwen3-0.6b:Q8_0 synth:qwen3-0.6b:Q4_K \\
         qwen2.5-coder-0.5b smollm2-135m --threads 2 --pp 64,256 --tg 64 \\
-        --repeats 3 --levels avx512vnni,avx2,generic --llama-avx2 /work/llama-avx2 \\
-        --markdown
+        --repeats 3 --levels avx512vnni,avx2,generic --markdown
 
 Protocol (identical for both engines; see fucina_course/bench.py): warm-up, then for
 each ppN a fresh context and one N-token evaluation, and tgN single-token evaluations
@@ -186,6 +186,8 @@ DEFAULT_LLAMA_BENCH = os.path.expanduser(
     "~/.cache/fucina_course/llama-bench/bin/llama-bench")
 DEFAULT_LLAMA_BENCH_AVX2 = os.path.expanduser(
     "~/.cache/fucina_course/llama-bench-avx2/bin/llama-bench")
+# scripts/build_llama_cpp_avx2.sh's default: the AVX2 binding, kept beside the models
+DEFAULT_LLAMA_AVX2 = os.path.expanduser("~/.cache/fucina_course/llama-avx2")
 DISAGREE = 0.10   # binding vs llama-bench: warn above this relative difference
 
 
@@ -243,6 +245,22 @@ def usable_llama_bench(given: str | None, default: str, how: str) -> str:
     return exe
 
 
+def avx2_binding(given: str | None, levels: list[str]) -> str | None:
+    """The AVX2 llama-cpp-python for the levels below avx512vnni: `given`, or
+    DEFAULT_LLAMA_AVX2 if None and it holds a llama_cpp, else None (those levels are
+    then compared with the main binding, with a note).  "" means none."""
+    if not any(lv and lv != "avx512vnni" for lv in levels):
+        return None
+    if given is None and os.path.isdir(os.path.join(DEFAULT_LLAMA_AVX2, "llama_cpp")):
+        given = DEFAULT_LLAMA_AVX2
+    if not given:
+        print("note: no AVX2 llama-cpp-python (scripts/build_llama_cpp_avx2.sh builds "
+              f"it into {DEFAULT_LLAMA_AVX2}): the levels below avx512vnni are compared "
+              "with the main binding", file=sys.stderr)
+        return None
+    return given
+
+
 def disagreement(binding: float, bench: float) -> float:
     """Relative difference of the binding's tok/s from llama-bench's."""
     return binding / bench - 1.0
@@ -275,7 +293,8 @@ def main() -> None:
                     help="directory holding the llama_cpp package to compare with")
     ap.add_argument("--llama-avx2", default=None,
                     help="llama_cpp built with AVX-512 off, for the levels below "
-                         "avx512vnni")
+                         f"avx512vnni (default: {DEFAULT_LLAMA_AVX2}, if built; "
+                         "\"\": none)")
     ap.add_argument("--llama-bench", default=None, metavar="PATH",
                     help="llama.cpp's llama-bench binary, the second llama.cpp column "
                          "(default: scripts/build_llama_bench.sh's, "
@@ -302,6 +321,7 @@ def main() -> None:
     bad = [lv for lv in levels if lv and lv not in LEVELS]
     if bad:
         raise SystemExit(f"unknown level(s) {bad}: expected some of {LEVELS}")
+    args.llama_avx2 = avx2_binding(args.llama_avx2, levels)
     # the witness of each llama.cpp build: {build dir or None: llama-bench path or ""}
     lb_exes = {args.llama_path: usable_llama_bench(args.llama_bench,
                                                    DEFAULT_LLAMA_BENCH, "")}

@@ -3,8 +3,8 @@
 # AVX2 kernels (FUCINA_SIMD=avx2) can be compared with llama.cpp's AVX2 path on a CPU
 # that has AVX-512:
 #
-#     scripts/build_llama_cpp_avx2.sh [DIR]          # default DIR: /work/llama-avx2
-#     python bench/bench_vs_llama.py MODEL --simd avx2 --llama-path DIR
+#     scripts/build_llama_cpp_avx2.sh [DIR]  # default: ~/.cache/fucina_course/llama-avx2
+#     python bench/bench_vs_llama.py MODEL --levels avx2     # finds it there
 #
 # The build is llama.cpp's x86 AVX2 level (AVX, AVX2, FMA, F16C, BMI2; no AVX-512, no
 # AVX-VNNI, no AMX), the ISA of the AMD EPYC our CI sometimes gets.  It goes to DIR with
@@ -17,7 +17,7 @@ PY=${PYTHON:-python}
 # llama.cpp's AVX2 level, the flags llama-bench's AVX2 witness is built with too
 LLAMA_CPP_ISA=avx2 source "$(dirname "${BASH_SOURCE[0]}")/llama_cpp_flags.sh"
 VERSION=$LLAMA_CPP_VERSION
-DIR=${1:-/work/llama-avx2}
+DIR=${1:-$HOME/.cache/fucina_course/llama-avx2}
 if PYTHONPATH="$DIR" "$PY" -c "import llama_cpp, os, sys
 here = os.path.realpath(llama_cpp.__file__).startswith(os.path.realpath('$DIR'))
 sys.exit(0 if here and llama_cpp.__version__ == '$VERSION' else 1)" 2>/dev/null; then

@@ -82,3 +82,26 @@ def test_each_llama_cpp_build_has_its_llama_bench(tmp_path, capsys):
     exe.chmod(0o755)
     assert bvl.usable_llama_bench(None, str(exe), "") == str(exe)
     assert bvl.usable_llama_bench("", str(exe), "") == ""
+
+
+def test_the_avx2_binding_is_found_in_its_default_directory(tmp_path, monkeypatch,
+                                                           capsys):
+    """The emulated levels' llama.cpp: scripts/build_llama_cpp_avx2.sh builds into the
+    directory bench_vs_llama.py looks in, which is used only when it holds a llama_cpp
+    and a level below avx512vnni runs; otherwise a note says whom they are compared
+    with."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    script = (root / "scripts" / "build_llama_cpp_avx2.sh").read_text()
+    bvl = _bench_vs_llama()
+    assert bvl.DEFAULT_LLAMA_AVX2.endswith("/.cache/fucina_course/llama-avx2")
+    assert "DIR=${1:-$HOME/.cache/fucina_course/llama-avx2}" in script
+    monkeypatch.setattr(bvl, "DEFAULT_LLAMA_AVX2", str(tmp_path))
+    assert bvl.avx2_binding(None, ["avx512vnni"]) is None         # not needed
+    assert bvl.avx2_binding(None, ["avx2"]) is None               # not built
+    assert "the levels below avx512vnni are compared" in capsys.readouterr().err
+    (tmp_path / "llama_cpp").mkdir()
+    assert bvl.avx2_binding(None, ["", "generic"]) == str(tmp_path)
+    assert bvl.avx2_binding("/x", ["avx2"]) == "/x"
+    assert bvl.avx2_binding("", ["avx2"]) is None
