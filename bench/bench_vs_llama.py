@@ -68,6 +68,12 @@ from one minute to the next (2026-12-01: llama.cpp's own AVX2 prefill measured 9
 161 tok/s in two runs an hour apart), a ratio of two runs made back to back is the
 figure that means something; with one round, llama.cpp is measured once per build and
 model and every level is compared with that one run.
+
+Steal time: on a virtual machine the hypervisor may give part of the CPU time to other
+guests (Linux counts it as "steal" in /proc/stat).  Each run's share is measured, each
+round's line shows the largest of its runs', the table's last column the largest over
+the rounds, and a warning names the models where it passed 5%: such ratios compare
+two engines that each got an unknown part of the machine.
 """
 
 from __future__ import annotations
@@ -182,6 +188,38 @@ def run_sub(args: list[str], threads: int, env_extra: dict | None = None) -> dic
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def cpu_times() -> tuple[int, int] | None:
+    """(steal, total) clock ticks of all CPUs so far (/proc/stat), or None where there
+    is no such file."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    ticks = [int(v) for v in fields[1:9]]
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks)
+
+
+def steal_share(before, after) -> float | None:
+    """The share of the machine's CPU time the hypervisor gave to other guests between
+    two `cpu_times()`: 0 on a quiet host.  On 2026-12-03 a VM of ours ran with 35-50%
+    stolen, and both engines at half their speed of the day before, unevenly: a
+    ratio from such a round says more about the neighbours than about the engines."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
+def timed_steal(fn, *args):
+    """fn(*args) and the steal share while it ran."""
+    t0 = cpu_times()
+    out = fn(*args)
+    return out, steal_share(t0, cpu_times())
+
+
 DEFAULT_LLAMA_BENCH = os.path.expanduser(
     "~/.cache/fucina_course/llama-bench/bin/llama-bench")
 DEFAULT_LLAMA_BENCH_AVX2 = os.path.expanduser(
@@ -189,6 +227,7 @@ DEFAULT_LLAMA_BENCH_AVX2 = os.path.expanduser(
 # scripts/build_llama_cpp_avx2.sh's default: the AVX2 binding, kept beside the models
 DEFAULT_LLAMA_AVX2 = os.path.expanduser("~/.cache/fucina_course/llama-avx2")
 DISAGREE = 0.10   # binding vs llama-bench: warn above this relative difference
+STOLEN = 0.05     # warn when a round had more of the CPU time stolen than this
 
 
 def llama_bench_cmd(exe: str, path: str, threads: int, pp: str, tg: int,
@@ -346,24 +385,29 @@ def main() -> None:
                 env = {"FUCINA_SIMD": level} if level else {}
                 if args.emulate:
                     env.update(EMULATE.get(level, {}))
-                ours = run_sub(["-m", "fucina_course", "bench", path, "--threads",
-                                str(args.threads), "--pp", args.pp, "--tg",
-                                str(args.tg), "--repeats", str(args.repeats), "--json"],
-                               args.threads, env)
+                ours, st = timed_steal(
+                    run_sub, ["-m", "fucina_course", "bench", path, "--threads",
+                              str(args.threads), "--pp", args.pp, "--tg", str(args.tg),
+                              "--repeats", str(args.repeats), "--json"],
+                    args.threads, env)
+                steals = [st]       # this round's runs: fucina, binding, llama-bench
                 # rounds: llama.cpp again right after each fucina run
                 if build not in theirs_by_build or args.rounds > 1:
-                    theirs_by_build[build] = run_sub(
-                        [__file__, "x", "--llama-worker", path, str(args.threads),
-                         args.pp, str(args.tg), str(args.repeats)], args.threads,
-                        llama_env(build))
+                    theirs_by_build[build], st = timed_steal(
+                        run_sub, [__file__, "x", "--llama-worker", path,
+                                  str(args.threads), args.pp, str(args.tg),
+                                  str(args.repeats)], args.threads, llama_env(build))
+                    steals.append(st)
                 theirs = theirs_by_build[build]
                 builds[theirs["build"]] = theirs["isa"]
                 # llama-bench, the build's witness: once a round, after the binding
                 exe = lb_exes.get(build, "")
                 if exe and build not in lb_this_round and (build not in lbs
                                                            or args.rounds > 1):
-                    lbs[build] = run_llama_bench(exe, path, args.threads, args.pp,
-                                                 args.tg, args.repeats)
+                    lbs[build], st = timed_steal(run_llama_bench, exe, path,
+                                                 args.threads, args.pp, args.tg,
+                                                 args.repeats)
+                    steals.append(st)
                     if "build" in lbs[build]:
                         lb_builds.add(f"{exe}: {lbs[build]['build']}")
                     lb_this_round.add(build)
@@ -374,24 +418,38 @@ def main() -> None:
                 if "decode" in ours:
                     pairs.append((f"tg{ours['decode']['tokens']}",
                                   ours["decode"]["tok_s"], theirs["decode"]["tok_s"]))
+                stolen = max((x for x in steals if x is not None), default=None)
                 for test, a, b in pairs:
                     c = lb.get(test) if lb else None
-                    runs.setdefault((label, theirs["isa"], test), []).append((a, b, c))
+                    runs.setdefault((label, theirs["isa"], test), []).append(
+                        (a, b, c, stolen))
                     print(f"  {label:>10} {test:>6}: fucina {a:9.1f} tok/s   llama.cpp "
                           f"({theirs['isa']}) {b:9.1f} tok/s   ratio {a / b:.2f}"
                           + (f"   llama-bench {c:9.1f} tok/s   ratio {a / c:.2f}"
                              if c else "")
+                          + (f"   steal {100 * stolen:.0f}%" if stolen is not None
+                             else "")
                           + (f"   (round {rnd + 1})" if args.rounds > 1 else ""),
                           file=sys.stderr)
         for (label, isa, test), got in runs.items():
-            cs = [c for _, _, c in got if c]
+            cs = [c for _, _, c, _ in got if c]
             c_med = statistics.median(cs) if len(cs) == len(got) else None
-            b_med = statistics.median(b for _, b, _ in got)
+            b_med = statistics.median(b for _, b, _, _ in got)
+            sts = [x for *_, x in got if x is not None]
+            most_stolen = max(sts) if sts else None
             rows.append((model, label, isa, test,
-                         statistics.median(a for a, _, _ in got), b_med,
-                         statistics.median(a / b for a, b, _ in got),
-                         [a / b for a, b, _ in got], c_med,
-                         statistics.median(a / c for a, _, c in got) if c_med else None))
+                         statistics.median(a for a, _, _, _ in got), b_med,
+                         statistics.median(a / b for a, b, _, _ in got),
+                         [a / b for a, b, _, _ in got], c_med,
+                         statistics.median(a / c for a, _, c, _ in got) if c_med
+                         else None, most_stolen))
+            if most_stolen is not None and most_stolen > STOLEN \
+                    and (model, "steal") not in warned:
+                warned.add((model, "steal"))
+                warnings.append(
+                    f"warning: {model}: the hypervisor took up to "
+                    f"{100 * most_stolen:.0f}% of the CPU time in a round (more than "
+                    f"{100 * STOLEN:.0f}%): its ratios measure the neighbours too")
             seen = (model, test, round(b_med, 1), round(c_med or 0, 1))
             if (c_med and abs(disagreement(b_med, c_med)) > DISAGREE
                     and seen not in warned):
@@ -422,16 +480,21 @@ def main() -> None:
               + "\n")
         each = " | rounds" if args.rounds > 1 else ""
         lb_head = " llama-bench tok/s | ratio (llama-bench) |" if with_lb else ""
+        with_steal = any(r[10] is not None for r in rows)
         print("| model | fucina level | llama.cpp ISA | test | fucina tok/s | "
-              f"llama.cpp tok/s | ratio{each} |{lb_head}")
+              f"llama.cpp tok/s | ratio{each} |{lb_head}"
+              + (" steal (max) |" if with_steal else ""))
         print("|---|---|---|---|---:|---:|---:|" + ("---|" if each else "")
-              + ("---:|---:|" if with_lb else ""))
-        for model, level, isa, test, a, b, ratio, per_round, c, ratio_c in rows:
+              + ("---:|---:|" if with_lb else "") + ("---:|" if with_steal else ""))
+        for (model, level, isa, test, a, b, ratio, per_round, c, ratio_c,
+             stolen) in rows:
             extra = (" | " + " ".join(f"{r:.2f}" for r in per_round)) if each else ""
             lb_cells = ((f" {c:.1f} | {ratio_c:.2f} |" if c else " – | – |")
                         if with_lb else "")
+            st_cell = ((f" {100 * stolen:.0f}% |" if stolen is not None else " – |")
+                       if with_steal else "")
             print(f"| {model} | {level} | {isa} | {test} | {a:.1f} | {b:.1f} | "
-                  f"{ratio:.2f}{extra} |{lb_cells}")
+                  f"{ratio:.2f}{extra} |{lb_cells}{st_cell}")
         if warnings:        # under the table too: they say which rows not to trust
             print("\n" + "\n".join(warnings))
 

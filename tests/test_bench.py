@@ -105,3 +105,28 @@ def test_the_avx2_binding_is_found_in_its_default_directory(tmp_path, monkeypatc
     assert bvl.avx2_binding(None, ["", "generic"]) == str(tmp_path)
     assert bvl.avx2_binding("/x", ["avx2"]) == "/x"
     assert bvl.avx2_binding("", ["avx2"]) is None
+
+
+def test_steal_time_is_the_share_of_ticks_the_hypervisor_took(monkeypatch, tmp_path):
+    """bench_vs_llama's steal column: Linux's /proc/stat "steal" ticks over all ticks
+    between two readings, None where it cannot be read."""
+    import builtins
+
+    bvl = _bench_vs_llama()
+    stat = tmp_path / "stat"
+    real_open = builtins.open
+
+    def fake_open(path, *a, **k):
+        return real_open(stat if path == "/proc/stat" else path, *a, **k)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 0 20 800 0 0 0 80 0 0\ncpu0 50 0 10 400 0 0 0 40 0 0\n")
+    before = bvl.cpu_times()
+    assert before == (80, 1000)
+    stat.write_text("cpu  160 0 20 830 0 0 0 170 0 0\n")
+    after = bvl.cpu_times()
+    assert abs(bvl.steal_share(before, after) - 90 / 180) < 1e-12
+    assert bvl.steal_share(after, after) is None and bvl.steal_share(None, after) is None
+    stat.unlink()
+    assert bvl.cpu_times() is None
