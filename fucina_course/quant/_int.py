@@ -162,6 +162,8 @@ class IntKernels:
         """What the kernels do, in a few words (`fucina info --kernels`)."""
         t, lv = self.ggml_type, self.level
         if lv == "generic":
+            if row_spec(t, lv).prep == "x16":
+                return "int16 activations, pmaddwd (SSE2; portable IR off x86)"
             return "portable IR (int16 products)"
         builder, opts, _ = row_spec(t, lv)
         wide = opts.get("width") == 512 or (builder is blk32_row and lv == "avx512vnni")
