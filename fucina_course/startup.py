@@ -51,7 +51,6 @@ from gguf import GGMLQuantizationType as T
 from .quant import _int, _jit, isa
 from .quant.activations import quantize_activations, row_quantizer_cached
 from .quant.formats import FORMATS
-from .quant.matmul import packed_kernel_for
 from .quant.matvec import kernel_for
 
 # How long the main process waits for the helper before compiling the rest itself.
@@ -61,18 +60,11 @@ JOIN_TIMEOUT = 60.0
 # --- the quant kernels: which are still to compile, compiling them ----------------
 
 def _kernels(types, level):
-    """[(format, kernel)] matvec runs for the quantized formats among `types`, then
-    the packed GEMMs that live in a module of their own (matmul.PACKED_KERNELS: Q8_0
-    and Q6_K at generic)."""
-    out, extra = [], []
-    for t in sorted({T(int(t)) for t in types}, key=int):
-        if t in FORMATS and FORMATS[t].block_size > 1:
-            k = kernel_for(t, level)[1]
-            out.append((t, k))
-            pk = packed_kernel_for(t, level)
-            if pk is not None and pk is not k:
-                extra.append((t, pk))
-    return out + extra
+    """[(format, kernel)] matvec runs for the quantized formats among `types` (the
+    same module holds the format's packed GEMM: matmul.PACKED_KERNELS)."""
+    return [(t, kernel_for(t, level)[1])
+            for t in sorted({T(int(t)) for t in types}, key=int)
+            if t in FORMATS and FORMATS[t].block_size > 1]
 
 
 def pending(types, level: str | None = None) -> list[T]:
@@ -105,8 +97,7 @@ def prepare(types, level: str | None = None, step=None) -> None:
         try:
             for t, k in ints:
                 k.compile()                 # LLVM only: numba compiles meanwhile
-                if not k.packed_only:       # one step per format
-                    step(t.name)
+                step(t.name)
         except BaseException as e:          # re-raised in the calling thread
             errors.append(e)
         finally:

@@ -131,6 +131,27 @@ def test_real_model_greedy_64_matches_llama(name, coder_path, smollm_path):
 
 
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "smollm2-135m"])
+def test_real_model_decode_at_generic_level(name, coder_path, smollm_path, monkeypatch):
+    """The generic level's kernels (what ARM and CPUs without AVX2 run: Q8_0, Q5_0,
+    Q4_K, Q6_K in the Coder, Q4_1 in SmolLM2) decode llama.cpp's greedy path: our
+    logits at every step against llama.cpp's own on that path, as for the prompt."""
+    from fucina_course.quant import isa
+    monkeypatch.setattr(isa, "level", isa.GENERIC)      # kernels are bound at load
+    path = coder_path if name.startswith("qwen") else smollm_path
+    model = Model.load(path)
+    ids = GOLDEN[f"{name}_prompt_ids"].tolist()
+    theirs = GOLDEN[f"{name}_greedy"].tolist()[:12]
+    cache = model.new_cache(len(ids) + len(theirs))
+    steps = [model.forward_step(ids, 0, cache)]
+    for k, tok in enumerate(theirs[:-1]):               # one token a step: matvec
+        steps.append(model.forward_step([tok], len(ids) + k, cache))
+    n = len(steps)
+    check_against_topk(np.stack(steps), GOLDEN[f"{name}_greedy_top_ids"][:n],
+                       GOLDEN[f"{name}_greedy_top_vals"][:n],
+                       float(GOLDEN[f"{name}_range"]), REAL_TOLERANCE)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "smollm2-135m"])
 def test_real_model_within_llama_noise(name, coder_path, smollm_path, llama_cpp):
     """Ours vs llama.cpp stays within 2.5x llama.cpp's own prefill-vs-decode spread."""
     path = coder_path if name.startswith("qwen") else smollm_path

@@ -91,7 +91,7 @@ def row_len_for(t, n_blocks: int) -> int:
 
 # formats with integer kernels at the x86 levels; the generic level's IR kernels
 INT_TYPES = [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K]
-GENERIC_IR_TYPES = [T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K]
+GENERIC_IR_TYPES = INT_TYPES
 x86_only = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
                               reason="the integer kernels are x86 code")
 INT_LEVELS = [lv for lv in isa.LEVELS if lv != isa.GENERIC]
@@ -741,7 +741,8 @@ def _asm_for(mod, triple: str, cpu: str, features: str = "") -> str:
 @pytest.mark.parametrize("t", GENERIC_IR_TYPES, ids=lambda t: t.name)
 def test_generic_ir_kernels_are_portable(t):
     # The generic level's IR kernels name no target intrinsic, so LLVM compiles them
-    # for any CPU: for 64-bit ARM they become NEON widening multiplies and native f16
+    # for any CPU: for 64-bit ARM they become NEON multiplies (int16 products, or
+    # int16 x int16 -> int32 where x86 has pmaddwd) and native f16
     # conversions, with no call to a runtime function; for a plain x86-64 v3 CPU,
     # vpmullw / vpmaddwd and vcvtph2ps.  The exceptions, in an x86-64 module only:
     # pmaddwd and packssdw of SSE2, the x86-64 baseline (_ir.madd_host, packssdw_host).
@@ -756,7 +757,8 @@ def test_generic_ir_kernels_are_portable(t):
         if triple.startswith("aarch64"):
             assert "llvm.x86" not in text
             arm = _asm_for(mod, triple, "neoverse-n1")
-            assert re.search(r"\b(smull2?|mul)\s+v\d+\.8h", arm) and "fcvtl" in arm
+            assert re.search(r"\b(smull2?|mul)\s+v\d+\.(8h|4s)", arm), t.name
+            assert re.search(r"\bfcvtl\b|\bfcvt\s+s\d+, h\d+", arm), t.name  # f16
             assert not re.search(r"\n\s*bl\s", arm), t.name
         else:
             x86 = _asm_for(mod, triple, "haswell")
@@ -820,19 +822,19 @@ def test_pending_and_prepare_in_a_cold_cache(tmp_path):
 
 
 @pytest.mark.skipif(not isa.GENERIC_IR, reason="no generic IR kernels here")
-def test_pending_and_prepare_compile_the_packed_only_modules(tmp_path):
-    # at generic, Q8_0's decode is a float kernel and its prefill a module of the
-    # packed GEMM alone (matmul.PACKED_KERNELS): the first start compiles both, and
-    # reports Q8_0 once
+def test_pending_and_prepare_compile_decode_and_prefill_in_one_module(tmp_path):
+    # at generic, Q8_0's decode and its packed GEMM (prefill) are one IR module: the
+    # first start compiles it once, reports Q8_0 once, and both are then on disk
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     code = """if True:
         from gguf import GGMLQuantizationType as T
         from fucina_course import startup
         from fucina_course.quant import _jit, isa
         from fucina_course.quant.matmul import packed_kernel_for
+        from fucina_course.quant.matvec import kernel_for
         types = [T.Q8_0]
-        pk = packed_kernel_for(T.Q8_0, isa.GENERIC)
-        print(pk.packed_only, [t.name for t in startup.pending(types, isa.GENERIC)])
+        k, pk = kernel_for(T.Q8_0, isa.GENERIC)[1], packed_kernel_for(T.Q8_0, isa.GENERIC)
+        print(k is pk, [t.name for t in startup.pending(types, isa.GENERIC)])
         steps = []
         startup.prepare(types, isa.GENERIC, step=steps.append)
         print(sorted(steps), [t.name for t in startup.pending(types, isa.GENERIC)],

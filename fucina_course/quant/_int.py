@@ -58,12 +58,9 @@ _LLVM_SLOTS = ((PREP_MV, "prep_mv"), (MATVEC, "matvec"), (PREP_MM, "prep_mm"),
 class IntKernels:
     """The matvec and matmul kernels of one format at one integer level."""
 
-    def __init__(self, ggml_type, level, packed_only=False):
+    def __init__(self, ggml_type, level):
         self.ggml_type, self.level = ggml_type, level
-        # packed_only: the packed GEMM alone, for a format whose matvec at this level
-        # is a float kernel (Q8_0, Q6_K at generic: matmul.PACKED_KERNELS)
-        self.packed_only = packed_only
-        self.name = ggml_type.name.lower() + ("_pk" if packed_only else "")
+        self.name = ggml_type.name.lower()
         # int64[N_SLOTS]: the addresses `run` calls, by the slots above (`load`)
         self.fns = None
         self._llvm = None               # the LLVM slots alone (`compile`)
@@ -71,8 +68,7 @@ class IntKernels:
         self.own_side = FORMATS[ggml_type].vec_dot_type != T.Q8_0
 
     def __repr__(self) -> str:
-        extra = ", packed_only=True" if self.packed_only else ""
-        return f"IntKernels({self.ggml_type.name}, {self.level}{extra})"
+        return f"IntKernels({self.ggml_type.name}, {self.level})"
 
     @property
     def has_tiles(self) -> bool:
@@ -87,16 +83,16 @@ class IntKernels:
         return has_packed(self.ggml_type, self.level)
 
     def _slots(self) -> tuple[tuple[int, str], ...]:
-        """(slot, part) of each LLVM function: matvec's two (unless packed_only),
-        matmul's with tiles, and the packed GEMM's two where it exists."""
-        slots = () if self.packed_only else _LLVM_SLOTS[:2]
-        if self.has_tiles and not self.packed_only:
+        """(slot, part) of each LLVM function: matvec's two, matmul's with tiles, and
+        the packed GEMM's two where it exists."""
+        slots = _LLVM_SLOTS[:2]
+        if self.has_tiles:
             slots += _LLVM_SLOTS[2:4]
         return slots + (_LLVM_SLOTS[4:] if self.has_packed else ())
 
     def _tile_prep(self):
         """The tiles' prep body, or None (none, or no tiles)."""
-        if not self.has_tiles or self.packed_only:
+        if not self.has_tiles:
             return None
         return tile_spec(self.ggml_type, self.level).prep
 
@@ -109,9 +105,8 @@ class IntKernels:
         t, lv = self.ggml_type, self.level
         bpb = FORMATS[t].block_bytes
         names = dict(zip((part for _, part in self._slots()), self.symbols()))
-        if not self.packed_only:
-            define_prep(mod, names["prep_mv"], prep_function(t, lv) or _no_prep)
-            define_matvec(mod, names["matvec"], row_function(t, lv), bpb, PREFETCH)
+        define_prep(mod, names["prep_mv"], prep_function(t, lv) or _no_prep)
+        define_matvec(mod, names["matvec"], row_function(t, lv), bpb, PREFETCH)
         if "matmul" in names:
             tile = tile_spec(t, lv)
             define_prep(mod, names["prep_mm"], tile.prep or _no_prep)
@@ -138,7 +133,7 @@ class IntKernels:
             for (slot, _), symbol in zip(self._slots(), self.symbols()):
                 fns[slot] = addr[symbol]
             t, lv = self.ggml_type, self.level
-            if self.packed_only or prep_function(t, lv) is None:
+            if prep_function(t, lv) is None:
                 fns[PREP_MV] = 0
             if self._tile_prep() is None:
                 fns[PREP_MM] = 0
@@ -162,9 +157,7 @@ class IntKernels:
         """What the kernels do, in a few words (`fucina info --kernels`)."""
         t, lv = self.ggml_type, self.level
         if lv == "generic":
-            if row_spec(t, lv).prep == "x16":
-                return "int16 activations, pmaddwd (SSE2; portable IR off x86)"
-            return "portable IR (int16 products)"
+            return "int16 activations, pmaddwd (SSE2; portable IR off x86)"
         builder, opts, _ = row_spec(t, lv)
         wide = opts.get("width") == 512 or (builder is blk32_row and lv == "avx512vnni")
         kquant = builder is not blk32_row

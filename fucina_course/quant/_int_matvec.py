@@ -39,12 +39,14 @@ exceed 2^15 - 1, which decides how each format is fed:
   integer totals first (`q4k_row`): their float work is the same at every level, and a
   tile of rows does it for 8 rows in one vector.
 
-The generic level builds the 4- and 5-bit formats with the same code, compiled for
-the host as numba compiles its own code.  The 32-element ones write their dot products
-in plain vector IR (`_ir.dot4_portable`); Q4_K / Q5_K read an int16 copy of the
-activations made once per call and multiply with pmaddwd, the one integer multiply
-every x86-64 CPU has (SSE2; plain IR elsewhere), then pack and scale as the VNNI
-levels do (`q4k_lanes16`).
+The generic level builds every format with the same code, compiled for the host as
+numba compiles its own code.  It has no byte multiply to rely on, so it reads an int16
+copy of the activations made once per call (`prep_x16`) and multiplies with pmaddwd,
+the one integer multiply every x86-64 CPU has (SSE2; plain IR elsewhere): the quants
+as signed int16 (q itself: no offsets), 8 lanes of 4 products per 32 elements
+(`blk32_lanes16`); Q4_K / Q5_K and Q6_K then pack their sub-blocks' lanes to int16
+and scale them with one more pmaddwd, as the VNNI levels do with vpdpwssd
+(`q4k_lanes16`, `q6k_lanes16`).
 
 Which builder each (format, level) uses is registered in the format's record
 (`FORMATS[t].kernels.int_rows`, end of file); _int.py turns them into kernels.
@@ -370,6 +372,21 @@ def q6k_pair_scales(b, sc16, n, k):
     return shuffle(b, sc16, ir.Constant(V(I16, 16), None), [g] * 8 + [g + 1] * 8)
 
 
+def q6k_lanes16(b, u, x16, sc16, n, k):
+    """<8 x i32>: the generic level's scaled lanes of vector k of half n (two 16-element
+    sub-blocks): q = u - 32 in int16 times the int16 activations by pmaddwd
+    (`madd_host`), each sub-block's 8 lanes apart; |lane| <= 2 * 32 * 128 < 2^15, so
+    `packssdw_host` packs the two exactly, and one more pmaddwd multiplies them by
+    their scales (`q4k_lanes16` does the same for Q4_K)."""
+    q16 = b.sub(b.zext(u, V(I16, 32)), const_vec(I16, 32, 32))
+    lo = madd_host(b, half(b, q16, 0), half(b, x16, 0))
+    hi = madd_host(b, half(b, q16, 1), half(b, x16, 1))
+    g = 8 * n + 2 * k
+    scw = shuffle(b, sc16, ir.Constant(V(I16, 16), None),
+                  ([g] * 4 + [g + 1] * 4) * 2)
+    return madd_host(b, packssdw_host(b, lo, hi), scw)
+
+
 def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
     """Q6_K row . Q8_K activations (ymm, natural order).  VNNI: xoff int32[n/4] =
     -32 * (sum of the 4 activations of each lane) starts every dpbusd; avx2: int16
@@ -388,6 +405,12 @@ def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
         xo = b.mul(i, i64(256))
         for n in range(2):
             us = q6k_quants(b, p, n)
+            if level == isa.GENERIC:
+                for k in range(4):
+                    e = b.add(xo, i64(128 * n + 32 * k))
+                    x16 = load(b, xoff, b.mul(e, i64(2)), V(I16, 32))
+                    sumi = b.add(sumi, q6k_lanes16(b, us[k], x16, sc16, n, k))
+                continue
             xvs = [load(b, x, b.add(xo, i64(128 * n + 32 * k)), V(I8, 32))
                    for k in range(4)]
             if level in PAIR_LEVELS:
@@ -519,16 +542,48 @@ def blk32_pair(b, w, index, bpb, pf):
 def blk32_lane_offsets(t, level) -> bool:
     """Whether blk32_row's lanes start from per-lane offsets (xoff,
     `prep_lane_offsets`): the formats stored with an offset, except avx2 Q8_0, which
-    uses the sign trick."""
-    return bool(unsigned_offset(t)) and not (level == isa.AVX2 and t == T.Q8_0)
+    uses the sign trick, and the generic level, which multiplies q itself (int16)."""
+    return (bool(unsigned_offset(t)) and level != isa.GENERIC
+            and not (level == isa.AVX2 and t == T.Q8_0))
+
+
+def blk32_x(b, x, s, i, k, level):
+    """The activations of blocks i .. i+k-1: <32k x i8> from x, or at the generic
+    level <32k x i16> from the prep's int16 copy in s (`prep_x16`)."""
+    if level == isa.GENERIC:
+        return load(b, s, b.mul(i, i64(64)), V(I16, 32 * k))
+    return load(b, x, b.mul(i, i64(32)), V(I8, 32 * k))
 
 
 def blk32_lanes(b, level, t, u, xv, init):
     """The int32 lanes sum_j q_j x_j (4 products each) of one or two blocks: u the
     unsigned quants, xv the activations, init the lane offsets (None without)."""
+    if level == isa.GENERIC:
+        return blk32_lanes16(b, t, u, xv)
     if level == isa.AVX2 and t == T.Q8_0:
         return dot4(b, level, None, *abs_sign(b, blk32_signed(b, t, u), xv))
     return dot4(b, level, init, u, xv)
+
+
+def blk32_lanes16(b, t, u, x16):
+    """The generic level's lanes of one or two blocks: q = u - off widened to int16
+    (no offsets to add back: |q| <= 128 is exact there), then per block two pmaddwd
+    by its int16 activations (`madd_host`) and an add, 8 lanes of 4 products each.
+    Why not byte products in plain IR (what this level ran until 2026-12-03: each
+    product in int16, pairs and quads summed in int32): LLVM widened the activation
+    bytes again for every row, multiplied with vpmullw and summed with vphaddw, and
+    the lanes needed their offsets added back; the int16 copy of x is made once per
+    call.  Over a sweep, haswell code: Q8_0 16.4 GB/s against 9.5 (then the float
+    kernel), Q4_0 12.5 against 5.3, Q4_1 12.7 against 6.8, Q5_0 9.6 against 5.7
+    (docs/BENCHMARKS.md#generic-ir-kernels)."""
+    n = u.type.count
+    q16 = b.sext(blk32_signed(b, t, u), V(I16, n))
+    lanes = []
+    for j in range(n // 32):
+        q, x = (shuffle(b, v, v, range(32 * j, 32 * j + 32)) for v in (q16, x16))
+        lanes.append(b.add(madd_host(b, half(b, q, 0), half(b, x, 0)),
+                           madd_host(b, half(b, q, 1), half(b, x, 1))))
+    return lanes[0] if len(lanes) == 1 else shuffle(b, lanes[0], lanes[1], range(16))
 
 
 def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
@@ -564,7 +619,7 @@ def blk32_row(b, w, x, xd, xs, xoff, nb, pf, level, t):
         u = blk32_quants(b, p, t, 2, level)
         init = (load(b, xoff, b.mul(i, i64(32)), V(I32, 16)) if offsets
                 else None)
-        xv = load(b, x, b.mul(i, i64(32)), V(I8, 64))
+        xv = blk32_x(b, x, xoff, i, 2, level)
         dot = blk32_lanes(b, level, t, u, xv, init)
         acc = b.load(acc2_p)
         b.store(fma(b, dv, b.sitofp(dot, V(F32, 16)), acc), acc2_p)
@@ -591,7 +646,7 @@ def _blk32_singles_and_total(b, w, x, xd, xs, xoff, start, nb, pf, level, t, off
                    load(b, xd, b.mul(i, i64(4)), F32))
         u = blk32_quants(b, p, t, 1, level)
         init = load(b, xoff, b.mul(i, i64(32)), V(I32, 8)) if offsets else None
-        xv = load(b, x, b.mul(i, i64(32)), V(I8, 32))
+        xv = blk32_x(b, x, xoff, i, 1, level)
         dot = blk32_lanes(b, level, t, u, xv, init)
         acc = b.load(acc_p)
         b.store(fma(b, splat(b, d, 8), b.sitofp(dot, V(F32, 8)), acc), acc_p)
@@ -657,14 +712,9 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
 # --- which builder each (format, level) uses ------------------------------------------
 # Registered per format (`FORMATS[t].kernels.int_rows`): (t, level) -> RowSpec, at the
 # levels of the format's `int_levels`.  The generic level's IR kernels (matvec only)
-# are the 4- and 5-bit formats, whose builders take their dot products from `dot4`
-# (plain IR there) with lane offsets as on the VNNI levels for the 32-element ones,
-# and from pmaddwd on int16 activations for Q4_K / Q5_K (`q4k_lanes16`).  Against the float kernels
-# over a sweep (haswell code, 2026-12-01, docs/BENCHMARKS.md#generic-ir-kernels): Q5_K
-# 3.4x, Q5_0 2.8x, Q5_1 2.5x, Q4_K 1.9x, Q4_0 and Q4_1 1.5x.  Not Q8_0: its float
-# kernel has no bits to unpack and ran at 10.8-11.5 GB/s, the IR one at 8.0-9.8
-# (unsigned + offsets, signed int16 products, or vpmaddwd's pattern); nor Q6_K (7.7
-# GB/s both).
+# multiply int16 activations (`prep_x16`) with pmaddwd: `blk32_lanes16`,
+# `q4k_lanes16`, `q6k_lanes16`.  Against the kernels they replaced, over a sweep
+# (haswell code, docs/BENCHMARKS.md#generic-ir-kernels): 1.7-2.4x.
 
 
 class RowSpec(NamedTuple):
@@ -692,15 +742,19 @@ def _kquant_row_spec(t, level) -> RowSpec:
 
 @registers("int_rows", T.Q6_K)
 def _q6k_row_spec(t, level) -> RowSpec:
-    """ymm; lane offsets at the VNNI levels, int16 pairs at avx2 (module docstring)."""
-    return RowSpec(q6k_row, {}, None if level in PAIR_LEVELS else "offsets")
+    """ymm; lane offsets at the VNNI levels, int16 pairs at avx2 (module docstring),
+    int16 activations at generic (`q6k_lanes16`)."""
+    prep = ("x16" if level == isa.GENERIC else None if level == isa.AVX2
+            else "offsets")
+    return RowSpec(q6k_row, {}, prep)
 
 
 @registers("int_rows", T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)
 def _blk32_row_spec(t, level) -> RowSpec:
-    """Lane offsets where `blk32_lane_offsets` says."""
-    return RowSpec(blk32_row, dict(t=t),
-                   "offsets" if blk32_lane_offsets(t, level) else None)
+    """Lane offsets where `blk32_lane_offsets` says; int16 activations at generic."""
+    prep = ("x16" if level == isa.GENERIC
+            else "offsets" if blk32_lane_offsets(t, level) else None)
+    return RowSpec(blk32_row, dict(t=t), prep)
 
 
 def row_spec(t, level) -> RowSpec:

@@ -18,7 +18,8 @@ with llvmlite 0.50 takes byte / word vector operands): `vpdpbusd` (4 adjacent u8
 products added to each int32 lane), `vpdpwssd` (2 s16 x s16), `vpmaddubsw` (2 u8 x s8
 into a saturating int16), `vpmaddwd`, `vpackssdw`, `llvm.fma`, `llvm.prefetch`.  The
 rest is generic IR (unaligned loads, shifts, shuffles, selects) that LLVM lowers well
-for any level; `dot4_portable` is the generic level's dot product, without any.  No
+for any level; the generic level's helpers (`madd`, `madd_host`, `packssdw_host`) use
+no target intrinsic but SSE2's on x86-64 hosts.  No
 bounds checks: the builders stay inside the row's blocks and the arrays the drivers
 size; a prefetch may point past the end, which never faults.
 """
@@ -149,10 +150,12 @@ def by_halves(builder, fn, *args):
 def dot4(builder, level, acc, u8, s8):
     """acc <n x i32> (None: zero) + the sum of each lane's 4 u8 x s8 products: vpdpbusd
     on the VNNI levels; vpmaddubsw, then vpmaddwd by 1, on avx2 (exact only while the
-    pairs do not saturate: u * |s| * 2 < 2^15).  64 bytes on a ymm level: per half."""
-    if level == isa.GENERIC:
-        s = dot4_portable(builder, u8, s8)
-        return s if acc is None else builder.add(acc, s)
+    pairs do not saturate: u * |s| * 2 < 2^15).  64 bytes on a ymm level: per half.
+    The x86 levels only: the generic level multiplies int16 activations (`madd_host`:
+    widening the activation bytes for every weight row, as a plain-IR byte product
+    had to, and summing with vphaddw ran its kernels at half the speed,
+    docs/BENCHMARKS.md#generic-ir-kernels)."""
+    assert level != isa.GENERIC, "the generic level multiplies int16 (madd_host)"
     if u8.type.count == 64 and level != isa.AVX512VNNI:
         return by_halves(builder, lambda a, u, s: dot4(builder, level, a, u, s),
                          acc, u8, s8)
@@ -165,12 +168,10 @@ def dot4(builder, level, acc, u8, s8):
 
 
 def maddubs(builder, level, u8, s8):
-    """<n/2 x i16>: the sum of each pair of adjacent u8 x s8 products: vpmaddubsw on x86
-    (saturating), in plain IR at the generic level (wrapping).  The callers keep the
-    pairs within int16, where both are exact."""
-    if level != isa.GENERIC:
-        return pmaddubsw(builder, u8, s8)
-    return _neighbour_sums(builder, _products16(builder, u8, s8))
+    """<n/2 x i16>: the sum of each pair of adjacent u8 x s8 products: vpmaddubsw
+    (saturating; the callers keep the pairs within int16).  x86 levels only."""
+    assert level != isa.GENERIC, "the generic level multiplies int16 (madd_host)"
+    return pmaddubsw(builder, u8, s8)
 
 
 def madd(builder, level, a16, b16):
@@ -220,34 +221,6 @@ def packssdw_host(b, a, c):
                                               V(I16, 8), x, y), a, c)
     a16, c16 = b.trunc(a, V(I16, 8)), b.trunc(c, V(I16, 8))
     return shuffle(b, a16, c16, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
-
-
-def dot4_portable(builder, u8, s8):
-    """<n/4 x i32>: the sum of each lane's 4 u8 x s8 products, in plain vector IR (the
-    generic level: no target intrinsic).  Each product is exact in int16 (255 * 128 <
-    2^15), the pairs and quads are summed in int32: exact for any bytes.  On x86 LLVM
-    turns it into vpmovzxbw / vpmovsxbw, vpmullw, vphaddw and vpmaddwd (it proves the
-    Q5_0 pairs fit int16); widening the bytes to int32 before multiplying instead ran
-    the Q5_0 kernel at 5.4 GB/s, against 11.8 for this (haswell code, in cache)."""
-    pairs = _neighbour_sums(builder, _products16(builder, u8, s8), I32)
-    return _neighbour_sums(builder, pairs)
-
-
-def _products16(builder, u8, s8):
-    """<n x i16>: u8 x s8 lane by lane, each exact in int16 (255 * 128 < 2^15)."""
-    n = u8.type.count
-    return builder.mul(builder.zext(u8, V(I16, n)), builder.sext(s8, V(I16, n)))
-
-
-def _neighbour_sums(builder, v, widen_to=None):
-    """<n/2 x ...>: v's neighbouring lanes added, sign-extended to `widen_to` first if
-    given."""
-    n = v.type.count
-    lo = shuffle(builder, v, v, range(0, n, 2))
-    hi = shuffle(builder, v, v, range(1, n, 2))
-    if widen_to is not None:
-        lo, hi = (builder.sext(h, V(widen_to, n // 2)) for h in (lo, hi))
-    return builder.add(lo, hi)
 
 
 def abs_sign(builder, q, x):

@@ -114,8 +114,8 @@ def _formats(*records: BlockFormat) -> dict[T, BlockFormat]:
     return {f.ggml_type: f for f in records}
 
 
-def _int_kernels(blas_vnni: int, blas_avx2: int, generic: bool = False):
-    """Integer kernels at the three x86 levels (and at generic if `generic`), and their
+def _int_kernels(blas_vnni: int, blas_avx2: int):
+    """Integer kernels at the three x86 levels and at generic, and their
     tiles' BLAS crossovers: `blas_vnni` rows at avx512vnni, `blas_avx2` at avx2 and
     avxvnni (avx2's until measured).
 
@@ -123,10 +123,11 @@ def _int_kernels(blas_vnni: int, blas_avx2: int, generic: bool = False):
     (docs/BENCHMARKS.md#prefill-paths, #instruction-set-levels): on avx2 the
     32-element formats' tiles (~45-52 GFLOP/s per core, indicative) fall behind an
     AVX2 sgemm (~58-65 at m = 256) from ~128 rows, the K-quants' (~80-90) not below
-    512.  The generic level: the 4- and 5-bit formats, whose IR kernels beat the
-    float ones (_int_matvec.py, docs/BENCHMARKS.md#generic-ir-kernels)."""
+    512.  The generic level: every quantized format, whose IR kernels on int16
+    activations beat the float ones (_int_matvec.py,
+    docs/BENCHMARKS.md#generic-ir-kernels)."""
     x86 = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
-    return FormatKernels(x86 + ((isa.GENERIC,) if generic else ()),
+    return FormatKernels(x86 + (isa.GENERIC,),
                          {isa.AVX512VNNI: blas_vnni, isa.AVXVNNI: blas_avx2,
                           isa.AVX2: blas_avx2})
 
@@ -140,28 +141,28 @@ FORMATS: dict[T, BlockFormat] = _formats(
                 kernels=_int_kernels(blas_vnni=256, blas_avx2=128)),
     # d * (q - 8): element j in the low nibble of qs[j], j + 16 in its high nibble
     BlockFormat(T.Q4_0, 32, 18, T.Q8_0, d_offset=0, qs_offset=2, zero_point=8,
-                kernels=_int_kernels(blas_vnni=512, blas_avx2=128, generic=True)),
+                kernels=_int_kernels(blas_vnni=512, blas_avx2=128)),
     # d * q + m: qs as Q4_0
     BlockFormat(T.Q4_1, 32, 20, T.Q8_1, d_offset=0, m_offset=2, qs_offset=4,
-                kernels=_int_kernels(blas_vnni=256, blas_avx2=128, generic=True)),
+                kernels=_int_kernels(blas_vnni=256, blas_avx2=128)),
     # d * (q - 16): bit j of the u32 qh is the 5th bit of element j, qs as Q4_0
     BlockFormat(T.Q5_0, 32, 22, T.Q8_0, d_offset=0, qh_offset=2, qs_offset=6,
                 zero_point=16,
-                kernels=_int_kernels(blas_vnni=256, blas_avx2=128, generic=True)),
+                kernels=_int_kernels(blas_vnni=256, blas_avx2=128)),
     # d * q + m: qh and qs as Q5_0
     BlockFormat(T.Q5_1, 32, 24, T.Q8_1, d_offset=0, m_offset=2, qh_offset=4,
                 qs_offset=8,
-                kernels=_int_kernels(blas_vnni=256, blas_avx2=128, generic=True)),
+                kernels=_int_kernels(blas_vnni=256, blas_avx2=128)),
     # d * sc_s * q - dmin * m_s over 8 sub-blocks of 32: 8 six-bit (sc, m) pairs packed
     # in 12 bytes (ggml's get_scale_min_k4); qs: 4 chunks of 32 bytes, low nibbles =
     # sub-block 2k, high nibbles = 2k + 1
     BlockFormat(T.Q4_K, QK_K, 144, T.Q8_K, d_offset=0, m_offset=2, scales_offset=4,
                 qs_offset=16,
-                kernels=_int_kernels(blas_vnni=512, blas_avx2=512, generic=True)),
+                kernels=_int_kernels(blas_vnni=512, blas_avx2=512)),
     # as Q4_K, plus qh[32]: bit s of qh[l] is the 5th bit of element 32 s + l
     BlockFormat(T.Q5_K, QK_K, 176, T.Q8_K, d_offset=0, m_offset=2, scales_offset=4,
                 qh_offset=16, qs_offset=48,
-                kernels=_int_kernels(blas_vnni=512, blas_avx2=512, generic=True)),
+                kernels=_int_kernels(blas_vnni=512, blas_avx2=512)),
     # d * sc_s * (q - 32) over 16 sub-blocks of 16: ql[128] low 4 bits, qh[64] top 2
     # bits, scales int8[16], then d
     BlockFormat(T.Q6_K, QK_K, 210, T.Q8_K, d_offset=208, qs_offset=0, qh_offset=128,

@@ -14,12 +14,13 @@ _int_matmul.py) and compiled by LLVM for the level's features only (`target`, _j
 the avx2 kernels are compiled for a CPU that has no AVX-512, so LLVM cannot emit a zmm
 register, an EVEX encoding or a mask register in them, even on a machine that has all
 three (tests/test_quant.py reads their assembly to be sure).  "generic" is portable
-code compiled for whatever CPU numba compiles for: the 4- and 5-bit formats (Q4_0,
-Q5_0, Q4_1, Q5_1, Q4_K, Q5_K: their records' `kernels.int_levels`) as the same IR
-kernels, their dot products written in plain LLVM vector operations (`_ir.dot4_portable`,
-`maddubs`, `madd`: int16 products, int32 sums; no target intrinsic, so LLVM picks the
-host's instructions, NEON on ARM), where LLVM converts f16 natively (`GENERIC_IR`);
-every other format, and those on a CPU without, as the float kernels of matvec.py.
+code compiled for whatever CPU numba compiles for: every quantized format (their
+records' `kernels.int_levels`) as the same IR kernels, their dot products written on
+int16 activations in plain LLVM vector operations (`_ir.madd_host`: int16 products,
+int32 sums; no target intrinsic but SSE2's pmaddwd, which every x86-64 CPU has, so
+LLVM picks the host's instructions, NEON on ARM), where LLVM converts f16 natively
+(`GENERIC_IR`); F16 / BF16 / F32, and every format on a CPU without, as the float
+kernels of matvec.py.
 
 The choice is made once, at import: the best level whose `NEEDED` features are all in
 the feature string numba compiles for (the host's, or NUMBA_CPU_FEATURES).
@@ -131,8 +132,7 @@ _CAP = requested()
 USABLE: tuple[str, ...] = usable_levels(numba_cpu_features(), _CAP)
 BEST = USABLE[0]
 HAVE_VNNI = AVX512VNNI in USABLE
-# The generic level's 4- and 5-bit formats run as portable IR kernels (else float
-# loops).
+# The generic level's quantized formats run as portable IR kernels (else float loops).
 GENERIC_IR = native_half(numba_cpu_features(), platform.machine())
 if _CAP != BEST and os.environ.get("FUCINA_SIMD"):
     warnings.warn(f"FUCINA_SIMD={_CAP}: this CPU lacks "

@@ -124,14 +124,10 @@ KERNELS = {(t, lv): k for (t, lv), k in _MV_KERNELS.items()
            if isinstance(k, IntKernels) and lv != isa.GENERIC}
 _BY_VALUE = {(int(t), lv): k for (t, lv), k in KERNELS.items() if lv in isa.USABLE}
 # (format, level) -> the kernels with the packed GEMM (_int_packed.py): the tiles' at
-# the x86 levels; at generic matvec's IR kernels, or for the formats whose generic
-# matvec is a float kernel (Q8_0, Q6_K) a module of the packed GEMM alone
+# the x86 levels, matvec's IR kernels at generic (one module per format and level)
 PACKED_KERNELS = {(t, lv): k for (t, lv), k in KERNELS.items() if k.has_packed}
-PACKED_KERNELS.update(
-    {(t, isa.GENERIC): (_MV_KERNELS[(t, isa.GENERIC)]
-                        if isinstance(_MV_KERNELS.get((t, isa.GENERIC)), IntKernels)
-                        else IntKernels(t, isa.GENERIC, packed_only=True))
-     for t in FORMATS if has_packed(t, isa.GENERIC)})
+PACKED_KERNELS.update({(t, isa.GENERIC): _MV_KERNELS[(t, isa.GENERIC)]
+                       for t in FORMATS if has_packed(t, isa.GENERIC)})
 _PACKED_BY_VALUE = {(int(t), lv): k for (t, lv), k in PACKED_KERNELS.items()
                     if lv in isa.USABLE}
 

@@ -22,10 +22,9 @@ reference.py, a numpy transcription of the formulas, and against llama.cpp's own
 Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 * integer kernels (_int_matvec.py) for the quantized formats at the x86 levels of isa.py
   (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
-  and, at the "generic" level, for the 4- and 5-bit formats as portable vector IR;
-* float kernels (below): every format on every CPU, what the generic level runs for the
-  others (and for all on a CPU whose LLVM has no native f16 conversion), the only ones
-  for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
+  and, at the "generic" level, as portable vector IR on int16 activations;
+* float kernels (below): every format on every CPU, what the generic level runs on a
+  CPU whose LLVM has no native f16 conversion, the only ones for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
   loops: its sub-block scales are integers, so a super-block needs one horizontal sum,
   not one per 32 elements as the other formats would.)
 
@@ -479,7 +478,7 @@ FLOAT_KERNELS = {t: f.kernels.float_matvec for t, f in FORMATS.items()}
 # (format, instruction-set level) -> kernel, from the records' `int_levels`: an
 # `IntKernels` (compiled on first use) for each quantized format at each of its integer
 # levels; at the generic level its portable IR kernels where LLVM converts f16
-# natively (isa.GENERIC_IR; Q5_0 2.8x the float kernel over a sweep, haswell code,
+# natively (isa.GENERIC_IR; 1.7-2.4x the float kernels over a sweep, haswell code,
 # docs/BENCHMARKS.md#generic-ir-kernels), else the float kernels.  `fucina info
 # --kernels` prints it.
 KERNELS = {(t, isa.GENERIC): k for t, k in FLOAT_KERNELS.items()}
