@@ -573,9 +573,9 @@ def blk32_lanes16(b, t, u, x16):
     product in int16, pairs and quads summed in int32): LLVM widened the activation
     bytes again for every row, multiplied with vpmullw and summed with vphaddw, and
     the lanes needed their offsets added back; the int16 copy of x is made once per
-    call.  Over a sweep, haswell code: Q8_0 16.4 GB/s against 9.5 (then the float
-    kernel), Q4_0 12.5 against 5.3, Q4_1 12.7 against 6.8, Q5_0 9.6 against 5.7
-    (docs/BENCHMARKS.md#generic-ir-kernels)."""
+    call.  Over a sweep, haswell code, the two alternated: Q8_0 10.9-11.8 GB/s
+    against 8.7-8.8 (then the float kernel), Q5_0 7.6-8.4 against 4.9-6.1, Q4_1
+    8.4-10.3 against 6.8-7.1 (docs/BENCHMARKS.md#generic-ir-kernels)."""
     n = u.type.count
     q16 = b.sext(blk32_signed(b, t, u), V(I16, n))
     lanes = []
@@ -714,7 +714,8 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
 # levels of the format's `int_levels`.  The generic level's IR kernels (matvec only)
 # multiply int16 activations (`prep_x16`) with pmaddwd: `blk32_lanes16`,
 # `q4k_lanes16`, `q6k_lanes16`.  Against the kernels they replaced, over a sweep
-# (haswell code, docs/BENCHMARKS.md#generic-ir-kernels): 1.7-2.4x.
+# (haswell code, alternated, docs/BENCHMARKS.md#generic-ir-kernels): 1.2-1.5x for
+# the 32-element formats, 2.0x for Q6_K, 1.5x for Q4_K / Q5_K.
 
 
 class RowSpec(NamedTuple):

@@ -478,8 +478,9 @@ FLOAT_KERNELS = {t: f.kernels.float_matvec for t, f in FORMATS.items()}
 # (format, instruction-set level) -> kernel, from the records' `int_levels`: an
 # `IntKernels` (compiled on first use) for each quantized format at each of its integer
 # levels; at the generic level its portable IR kernels where LLVM converts f16
-# natively (isa.GENERIC_IR; 1.7-2.4x the float kernels over a sweep, haswell code,
-# docs/BENCHMARKS.md#generic-ir-kernels), else the float kernels.  `fucina info
+# natively (isa.GENERIC_IR; over a sweep, haswell code, Q8_0 1.3x its float kernel,
+# Q6_K 2.0x, Q5_K 3x and more: docs/BENCHMARKS.md#generic-ir-kernels), else the float
+# kernels.  `fucina info
 # --kernels` prints it.
 KERNELS = {(t, isa.GENERIC): k for t, k in FLOAT_KERNELS.items()}
 KERNELS.update({(t, lv): IntKernels(t, lv) for t, f in FORMATS.items()
