@@ -24,6 +24,10 @@ class Terminal:
     def __init__(self, argv, env):
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child
+            # as a terminal's shell starts it: a parent that started these tests in
+            # the background without job control (`(pytest &)`) passed SIGINT on as
+            # ignored, and Python then installs no KeyboardInterrupt for Ctrl-C
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execvpe(argv[0], argv, env)
         self.out = b""
 
