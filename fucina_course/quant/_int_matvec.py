@@ -68,8 +68,6 @@ from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, co
 from .formats import FORMATS, registers
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
-# levels without a 4-product dot: int16 pairs (`maddubs`), then int32 (`madd`)
-PAIR_LEVELS = (isa.AVX2, isa.GENERIC)
 PREFETCH = 2048    # bytes ahead in the weight stream (docs/BENCHMARKS.md#prefetch)
 
 # --- activation preparation, once per call (define_prep bodies) -----------------------
@@ -121,6 +119,20 @@ def prep_x16(b, x, n, s):
     with for_range(b, i64(0), b.udiv(n, i64(32))) as k:
         v = load(b, x, b.mul(k, i64(32)), V(I8, 32))
         b.store(b.sext(v, V(I16, 32)), b.gep(s16, [k]), align=1)
+
+
+def x16_at(b, s, e, n):
+    """<n x i16>: the int16 activations from element e on, in the prep's copy in s
+    (`prep_x16`)."""
+    return load(b, s, b.mul(e, i64(2)), V(I16, n))
+
+
+def lanes16(b, q16, x16):
+    """<8 x i32>: 32 int16 quants by their 32 int16 activations, 4 products a lane
+    (lane k: elements 2k, 2k+1, 16+2k, 17+2k): two pmaddwd (`madd_host`) and an
+    add, the generic level's dot product."""
+    return b.add(madd_host(b, half(b, q16, 0), half(b, x16, 0)),
+                 madd_host(b, half(b, q16, 1), half(b, x16, 1)))
 
 
 def _pairs(idx_list, zero_idx):
@@ -245,17 +257,14 @@ def q4k_lanes16(b, q, x16):
     VNNI levels.  Why not `maddubs` as avx2: in plain IR it is a vpmovsxbw of x per
     row, a vpmullw and a horizontal add per 16 products (LLVM has no vpmaddubsw
     pattern); the int16 copy of x is made once per call (`prep_x16`)."""
-    q16 = b.zext(q, V(I16, 32))
-    return b.add(madd_host(b, half(b, q16, 0), half(b, x16, 0)),
-                 madd_host(b, half(b, q16, 1), half(b, x16, 1)))
+    return lanes16(b, b.zext(q, V(I16, 32)), x16)
 
 
 def q4k_x16(b, s, xo, j):
     """The int16 activations matching quant vector j (ymm), from the prep's copy in s
     (`prep_x16`): (x_lo, x_hi) as <32 x i16>."""
     e = b.add(xo, i64(64 * j))                       # element index
-    return (load(b, s, b.mul(e, i64(2)), V(I16, 32)),
-            load(b, s, b.mul(b.add(e, i64(32)), i64(2)), V(I16, 32)))
+    return x16_at(b, s, e, 32), x16_at(b, s, b.add(e, i64(32)), 32)
 
 
 def q4k_x(b, x, xo, j, width):
@@ -375,7 +384,7 @@ def q6k_pair_scales(b, sc16, n, k):
 def q6k_lanes16(b, u, x16, sc16, n, k):
     """<8 x i32>: the generic level's scaled lanes of vector k of half n (two 16-element
     sub-blocks): q = u - 32 in int16 times the int16 activations by pmaddwd
-    (`madd_host`), each sub-block's 8 lanes apart; |lane| <= 2 * 32 * 128 < 2^15, so
+    (`madd_host`), each sub-block's 8 lanes apart (not `lanes16`, which adds them); |lane| <= 2 * 32 * 128 < 2^15, so
     `packssdw_host` packs the two exactly, and one more pmaddwd multiplies them by
     their scales (`q4k_lanes16` does the same for Q4_K)."""
     q16 = b.sub(b.zext(u, V(I16, 32)), const_vec(I16, 32, 32))
@@ -407,13 +416,12 @@ def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
             us = q6k_quants(b, p, n)
             if level == isa.GENERIC:
                 for k in range(4):
-                    e = b.add(xo, i64(128 * n + 32 * k))
-                    x16 = load(b, xoff, b.mul(e, i64(2)), V(I16, 32))
+                    x16 = x16_at(b, xoff, b.add(xo, i64(128 * n + 32 * k)), 32)
                     sumi = b.add(sumi, q6k_lanes16(b, us[k], x16, sc16, n, k))
                 continue
             xvs = [load(b, x, b.add(xo, i64(128 * n + 32 * k)), V(I8, 32))
                    for k in range(4)]
-            if level in PAIR_LEVELS:
+            if level == isa.AVX2:     # int16 pairs (`maddubs`), then int32 (`madd`)
                 for k in range(4):
                     p16 = b.sub(maddubs(b, level, us[k], xvs[k]),
                                 maddubs(b, level, c32, xvs[k]))
@@ -551,7 +559,7 @@ def blk32_x(b, x, s, i, k, level):
     """The activations of blocks i .. i+k-1: <32k x i8> from x, or at the generic
     level <32k x i16> from the prep's int16 copy in s (`prep_x16`)."""
     if level == isa.GENERIC:
-        return load(b, s, b.mul(i, i64(64)), V(I16, 32 * k))
+        return x16_at(b, s, b.mul(i, i64(32)), 32 * k)
     return load(b, x, b.mul(i, i64(32)), V(I8, 32 * k))
 
 
@@ -568,7 +576,7 @@ def blk32_lanes(b, level, t, u, xv, init):
 def blk32_lanes16(b, t, u, x16):
     """The generic level's lanes of one or two blocks: q = u - off widened to int16
     (no offsets to add back: |q| <= 128 is exact there), then per block two pmaddwd
-    by its int16 activations (`madd_host`) and an add, 8 lanes of 4 products each.
+    by its int16 activations and an add (`lanes16`), 8 lanes of 4 products each.
     Why not byte products in plain IR (what this level ran until 2026-12-03: each
     product in int16, pairs and quads summed in int32): LLVM widened the activation
     bytes again for every row, multiplied with vpmullw and summed with vphaddw, and
@@ -581,8 +589,7 @@ def blk32_lanes16(b, t, u, x16):
     lanes = []
     for j in range(n // 32):
         q, x = (shuffle(b, v, v, range(32 * j, 32 * j + 32)) for v in (q16, x16))
-        lanes.append(b.add(madd_host(b, half(b, q, 0), half(b, x, 0)),
-                           madd_host(b, half(b, q, 1), half(b, x, 1))))
+        lanes.append(lanes16(b, q, x))
     return lanes[0] if len(lanes) == 1 else shuffle(b, lanes[0], lanes[1], range(16))
 
 
