@@ -721,7 +721,7 @@ def blk32_row_quads(b, w, x, xd, xs, xoff, nb, pf, level, t):
 # levels of the format's `int_levels`.  The generic level's IR kernels (matvec only)
 # multiply int16 activations (`prep_x16`) with pmaddwd: `blk32_lanes16`,
 # `q4k_lanes16`, `q6k_lanes16`.  Against the kernels they replaced, over a sweep
-# (haswell code, alternated, docs/BENCHMARKS.md#generic-ir-kernels): 1.2-1.5x for
+# (haswell code, alternated, docs/BENCHMARKS.md#generic-ir-kernels): 1.2-1.7x for
 # the 32-element formats, 2.0x for Q6_K, 1.5x for Q4_K / Q5_K.
 
 
