@@ -9,23 +9,27 @@ command's own checks have passed) compiles before the first token, says so on a
 terminal (`_Bar`), and splits the work between two processes that share numba's disk
 cache:
 
-* this process compiles the quant kernels the model's formats still need (`pending`,
-  then `prepare`: the formats' LLVM modules in a worker thread -- LLVM runs outside
-  Python's GIL, in its own LLVM context -- while numba compiles the driver, the
-  activation quantizers and the generic float kernels in this one), then the decode
-  path with a one-token step (`_decode_f16`), ~4.5 + ~2 s;
-* a helper process (`start`: `python -m fucina_course.startup MODEL`, started as the
-  model loads: `start_early`) runs a two-token prefill through the same model code
-  with every weight product replaced by zeros, which compiles the rest: RMSNorm, RoPE,
-  the cache's f16 stores, the batched attention (`_by_kv_head_f16`,
-  `_causal_softmax_f16`), SwiGLU, ~4 s.  It writes them to the disk cache, where this
-  process then finds them (`join`, before its own prefill step).
+* this process compiles numba's parallel driver of the quant kernels and the
+  activation quantizers (`prepare`), then the decode path with a one-token step
+  (`_decode_f16`), ~5.5 + ~5 s;
+* a helper process (`start`: `python -m fucina_course.startup MODEL LEVEL`, started
+  as the model loads: `start_early`) compiles the model's formats' LLVM modules
+  (~0.5-1 s each) and says so on its stdout (`Helper.reached`: `prepare`'s worker
+  thread waits for that line, then loads them from the disk cache), then runs a
+  two-token prefill through the same model code with every weight product replaced
+  by zeros, which compiles the rest: RMSNorm, RoPE, the cache's f16 stores, the
+  batched attention (`_by_kv_head_f16`, `_causal_softmax_f16`), SwiGLU, ~4.5 s.
+  This process finds those in the disk cache too (`join`, before its own prefill).
 
-Measured on 2 cores, alternating with the one-process version: 8.1-9.7 s against
-11.1-15.0 s (docs/BENCHMARKS.md#first-start).  Giving `_decode_f16` to the helper as
-well made the helper the slower of the two (10.9-11.4 s in all).  The parts, cold: the
-integer kernels of a format ~0.2-0.6 s each (LLVM only), numba's driver and activation
-quantizers ~2 s together, the generic float kernels 2-4 s per format (numba).
+Measured on 2 cores, the France question cold, four pairs alternating with the
+version before (docs/BENCHMARKS.md#first-start): 13.1-16.6 s against 17.5-21.3 s, at
+the same CPU time (23-27 s).  The version before compiled the LLVM modules here, in a
+thread beside numba's: three busy threads on two cores, once the packed GEMMs had
+tripled the LLVM work (~1 -> ~3 s for the Coder's four formats).  Rejected: the
+helper compiling the quantizers too (this process then waits for them, idle, after
+the driver, and compiles RoPE and the decode's softmax before the helper's prefill
+has: 2.5 s more CPU, no faster); giving it `_decode_f16` (it became the slower of the
+two, 10.9-11.4 s in all, 2026-12-01).
 
 The helper runs the model's own forward code, not a list of kernel signatures: a
 numba cache entry is only reused for exactly the argument types it was compiled for
@@ -82,11 +86,14 @@ def pending(types, level: str | None = None) -> list[T]:
     return todo
 
 
-def prepare(types, level: str | None = None, step=None) -> None:
+def prepare(types, level: str | None = None, step=None, helper=None) -> None:
     """Compile (or load) the kernels `types` need at `level` before first use.
 
     `step(label)` is called after each part: one per format (from a worker thread for
-    the integer kernels), "driver" and "activations" (the shared numba kernels)."""
+    the integer kernels), "driver" and "activations" (the shared numba kernels).
+    With a `helper` (a `Helper` compiling for the same model and level), the formats'
+    LLVM modules are its share: the worker thread waits for its report, then loads
+    them from the disk cache (or compiles whatever it failed to write)."""
     step = step or (lambda label: None)
     kernels = _kernels(types, level)
     ints = [(t, k) for t, k in kernels if isinstance(k, _int.IntKernels)]
@@ -95,6 +102,8 @@ def prepare(types, level: str | None = None, step=None) -> None:
 
     def llvm():
         try:
+            if helper is not None:
+                helper.reached(LLVM_DONE)   # waits, no CPU: the helper compiles
             for t, k in ints:
                 k.compile()                 # LLVM only: numba compiles meanwhile
                 step(t.name)
@@ -120,6 +129,8 @@ def prepare(types, level: str | None = None, step=None) -> None:
     for kind in sorted({FORMATS[t].vec_dot_type for t, _ in kernels}, key=int):
         quantize_activations(np.zeros((1, 256), np.float32), kind)
     step("activations")
+    if not done.wait(JOIN_TIMEOUT) and helper is not None:
+        stop(helper)                        # its pipe closes: the thread compiles
     done.wait()
     if errors:
         raise errors[0]
@@ -152,23 +163,59 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def start(model_path) -> subprocess.Popen | None:
-    """Start the helper on `model_path`, or None on one core (it would only compete).
+# The helper's report on its stdout: the formats' LLVM modules are in the disk cache.
+LLVM_DONE = "llvm"
 
-    Its output is discarded: a helper that fails costs nothing but the time it ran,
-    since this process compiles whatever is still missing."""
+
+class Helper(subprocess.Popen):
+    """The helper process, and the reports it has written so far (`reached`).
+
+    Its stdout is read by a thread of its own, so that a wait can end when the helper
+    does, or after a timeout; its stderr is discarded: a helper that fails
+    costs nothing but the time it ran, since this process then compiles whatever is
+    still missing."""
+
+    def __init__(self, model_path, level: str):
+        super().__init__([sys.executable, "-m", "fucina_course.startup",
+                          os.fspath(model_path), level],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+        self._reports: set[str] = set()
+        self._ended = False
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, name="fucina-helper", daemon=True).start()
+
+    def _read(self) -> None:
+        with self.stdout:
+            for line in self.stdout:
+                with self._changed:
+                    self._reports.add(line.strip())
+                    self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def reached(self, report: str, timeout: float = JOIN_TIMEOUT) -> bool:
+        """Wait until the helper has written `report`, has ended, or `timeout` s have
+        passed; True for the first."""
+        with self._changed:
+            self._changed.wait_for(lambda: report in self._reports or self._ended,
+                                   timeout)
+            return report in self._reports
+
+
+def start(model_path, level: str | None = None) -> Helper | None:
+    """Start the helper on `model_path` for `level` (default: isa.level), or None on
+    one core (it would only compete)."""
     if cores() < 2:
         return None
     try:
-        return subprocess.Popen(
-            [sys.executable, "-m", "fucina_course.startup", os.fspath(model_path)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        return Helper(model_path, level or isa.level)
     except OSError:
         return None
 
 
-_early: subprocess.Popen | None = None
+_early: Helper | None = None
 
 
 def start_early(model_path) -> None:
@@ -185,7 +232,7 @@ def start_early(model_path) -> None:
             atexit.register(stop, _early)
 
 
-def take_early() -> subprocess.Popen | None:
+def take_early() -> Helper | None:
     """The helper `start_early` started, if any (once)."""
     global _early
     helper, _early = _early, None
@@ -237,20 +284,30 @@ def _zero_rows(data, ggml_type, n_in, ids):
     return np.zeros((len(ids), n_in), np.float32)
 
 
-def compile_prefill(model_path) -> None:
-    """The helper's work: a two-token prefill of the model with zero weight products.
+def compile_prefill(model_path, level: str | None = None, report=None) -> None:
+    """The helper's work: the formats' LLVM modules at `level` that `prepare` leaves
+    to it, then `report(LLVM_DONE)`; then a two-token prefill of the model with zero
+    weight products.
 
-    quant.matvec, quant.bound_matvec, quant.matmul and quant.dequantize_rows (the
-    only functions that read the weights) are replaced by functions that return zeros
-    of the same shape, dtype and layout, so no quant kernel is compiled here: those
-    are the main process's share.  Everything between the products runs as in a real
-    prefill."""
+    For the prefill, quant.matvec, quant.bound_matvec, quant.matmul and
+    quant.dequantize_rows (the only functions that read the weights) are replaced by
+    functions that return zeros of the same shape, dtype and layout, so no numba
+    kernel of quant/ is compiled here: the driver, the activation quantizers and the
+    decode path are the main process's share.  Everything between the products runs
+    as in a real prefill."""
     from . import quant
     from .model import Model
 
+    report = report or (lambda what: None)
     quant.matvec, quant.bound_matvec = _zero_matvec, _zero_bound_matvec
     quant.matmul, quant.dequantize_rows = _zero_matmul, _zero_rows
     model = Model.load(model_path, tokenizer=False)
+    kernels = _kernels({t.ggml_type for t in model.gguf.tensors.values()}, level)
+    _jit.init()
+    for _, k in kernels:
+        if isinstance(k, _int.IntKernels):
+            k.compile()
+    report(LLVM_DONE)
     model.forward_step([0, 0], 0, model.new_cache(2))
 
 
@@ -314,7 +371,7 @@ def first_start(model) -> None:
                f"(first run only)\u2026", len(quantized) + 4)
     helper = helper or start(model.path)
     try:
-        prepare(types, step=bar.step)
+        prepare(types, step=bar.step, helper=helper)
         cache = model.new_cache(4)
         model.forward_step([0], 0, cache)
         bar.step("decode")
@@ -327,10 +384,12 @@ def first_start(model) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m fucina_course.startup MODEL.gguf", file=sys.stderr)
+    if len(argv) not in (1, 2):
+        print("usage: python -m fucina_course.startup MODEL.gguf [LEVEL]",
+              file=sys.stderr)
         return 2
-    compile_prefill(argv[0])
+    compile_prefill(argv[0], argv[1] if len(argv) == 2 else None,
+                    report=lambda what: print(what, flush=True))
     return 0
 
 

@@ -1,5 +1,6 @@
 """The first start's second process (fucina_course/startup.py): what it compiles is
-found in numba's disk cache by a real forward pass, never compiled again.
+found in the disk caches by a real forward pass, never compiled again, and it reports
+each of the main process's kernels it takes on once they are on disk.
 
 A numba cache entry is reused only for exactly the argument types it was compiled
 for, so a helper that ran a subtly different code path (another array layout, a
@@ -19,7 +20,8 @@ import pytest
 from fucina_course import startup
 from model_cases import tiny_model, tiny_moe_model
 
-# The kernels of the prefill path outside quant/: the helper's share of the work.
+# The kernels of the prefill path outside quant/: the helper's share of the work
+# (with the formats' LLVM modules).
 PREFILL_KERNELS = {"fucina_course.ops._rms_norm_rows", "fucina_course.ops._rope",
                    "fucina_course.ops._swiglu", "fucina_course.kv_cache._narrow",
                    "fucina_course.attention._by_kv_head_f16",
@@ -76,7 +78,7 @@ def test_what_the_helper_compiles_is_a_cache_hit(which, tmp_path, coder_path):
     helper = _stats(_HELPER, model, env)
     compiled = {k for k, (_, misses) in helper.items() if misses}
     assert PREFILL_KERNELS <= compiled
-    # zero products: no quant kernel (the main process's share) was compiled
+    # zero products: no numba kernel of quant/ (the main process's share) was compiled
     assert not {k for k in compiled if k.startswith("fucina_course.quant.")}
 
     forward = _stats(_FORWARD, model, env)
@@ -84,6 +86,33 @@ def test_what_the_helper_compiles_is_a_cache_hit(which, tmp_path, coder_path):
     assert not again, f"compiled by the helper and again by the forward pass: {again}"
     loaded = {k for k in compiled if forward.get(k, [0, 0])[0]}
     assert PREFILL_KERNELS <= loaded
+
+
+def test_the_helper_reports_its_share_once_it_is_on_disk(tmp_path, coder_path):
+    # the main process waits for this report, then loads instead of compiling: it
+    # must come only once the Coder's four formats' modules are in the disk cache
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "numba")}
+    code = """if True:
+        import sys
+        from fucina_course import startup
+        from fucina_course.gguf_file import GGUFFile
+        from fucina_course.quant import _int, _jit, isa
+        types = {t.ggml_type for t in GGUFFile(sys.argv[1]).tensors.values()}
+        ints = [k for _, k in startup._kernels(types, None)
+                if isinstance(k, _int.IntKernels)]
+        before = [_jit.is_cached(k.name, isa.level) for k in ints]
+        helper = startup.start(sys.argv[1])
+        llvm = helper.reached(startup.LLVM_DONE)
+        objects = [_jit.is_cached(k.name, isa.level) for k in ints]
+        startup.join(helper)
+        print(len(ints), any(before), llvm, all(objects), helper.returncode)
+    """
+    if startup.cores() < 2:
+        pytest.skip("one core: no helper")
+    out = subprocess.run([sys.executable, "-c", code, str(coder_path)], env=env,
+                         text=True, capture_output=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["4", "False", "True", "True", "0"]
 
 
 def test_a_helper_that_fails_costs_nothing(tmp_path):

@@ -805,7 +805,9 @@ def _python(code: str, env: dict) -> str:
 
 
 def test_pending_and_prepare_in_a_cold_cache(tmp_path):
-    # a fresh numba cache directory: every kernel is pending until `prepare`
+    # a fresh numba cache directory: every kernel is pending until `prepare`, which
+    # compiles all of it itself when its helper fails (here: a missing model file)
+    # before reporting anything
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     code = """if True:
         from gguf import GGMLQuantizationType as T
@@ -813,7 +815,9 @@ def test_pending_and_prepare_in_a_cold_cache(tmp_path):
         types = [T.Q4_0, T.F32, T.Q4_0]
         print([t.name for t in startup.pending(types)])
         steps = []
-        startup.prepare(types, step=steps.append)
+        helper = startup.start("missing.gguf")
+        startup.prepare(types, step=steps.append, helper=helper)
+        startup.join(helper)
         print(sorted(steps), [t.name for t in startup.pending(types)])
     """
     out = _python(code, env).splitlines()
