@@ -358,8 +358,8 @@ def first_start(model) -> None:
     """First run only (the model's kernels are not in the disk cache yet): compile
     them before the first token, and say so on a terminal (`pending`, `prepare`).
     One decode step and a 2-token prefill compile the rest of the engine; the helper
-    compiles the prefill's kernels meanwhile.  Call it once the command's own checks
-    have passed."""
+    compiles the formats' LLVM modules and the prefill's kernels meanwhile.  Call it
+    once the command's own checks have passed."""
     types = {t.ggml_type for t in model.gguf.tensors.values()}
     todo = pending(types)
     helper = take_early()
