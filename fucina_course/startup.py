@@ -22,8 +22,9 @@ cache:
   This process finds those in the disk cache too (`join`, before its own prefill).
 
 Measured on 2 cores, the France question cold, four pairs alternating with the
-version before (docs/BENCHMARKS.md#first-start): 13.1-16.6 s against 17.5-21.3 s, at
-the same CPU time (23-27 s).  The version before compiled the LLVM modules here, in a
+version before (docs/BENCHMARKS.md#first-start): 13.1-16.6 s against 17.5-21.3 s in a
+slow hour of the VM, 10.3-12.5 s against 11.5-13.8 s in a quiet one, for about the
+same CPU time.  The version before compiled the LLVM modules here, in a
 thread beside numba's: three busy threads on two cores, once the packed GEMMs had
 tripled the LLVM work (~1 -> ~3 s for the Coder's four formats).  Rejected: the
 helper compiling the quantizers too (this process then waits for them, idle, after
