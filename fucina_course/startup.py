@@ -64,12 +64,23 @@ JOIN_TIMEOUT = 60.0
 
 # --- the quant kernels: which are still to compile, compiling them ----------------
 
+def _types(model) -> set:
+    """The block formats of `model`'s tensors."""
+    return {t.ggml_type for t in model.gguf.tensors.values()}
+
+
 def _kernels(types, level):
     """[(format, kernel)] matvec runs for the quantized formats among `types` (the
     same module holds the format's packed GEMM: matmul.PACKED_KERNELS)."""
     return [(t, kernel_for(t, level)[1])
             for t in sorted({T(int(t)) for t in types}, key=int)
             if t in FORMATS and FORMATS[t].block_size > 1]
+
+
+def _llvm_kernels(kernels):
+    """The (format, kernel) of `kernels` (`_kernels`) whose code is an LLVM module
+    (`_int.IntKernels`): the part a helper can compile in its own process."""
+    return [(t, k) for t, k in kernels if isinstance(k, _int.IntKernels)]
 
 
 def pending(types, level: str | None = None) -> list[T]:
@@ -97,14 +108,15 @@ def prepare(types, level: str | None = None, step=None, helper=None) -> None:
     them from the disk cache (or compiles whatever it failed to write)."""
     step = step or (lambda label: None)
     kernels = _kernels(types, level)
-    ints = [(t, k) for t, k in kernels if isinstance(k, _int.IntKernels)]
+    ints = _llvm_kernels(kernels)
     done = threading.Event()
     errors: list[BaseException] = []
 
     def llvm():
         try:
-            if helper is not None:
-                helper.reached(LLVM_DONE)   # waits, no CPU: the helper compiles
+            # waits, no CPU: the helper compiles.  Silent for JOIN_TIMEOUT s: killed
+            if helper is not None and not helper.reached(LLVM_DONE):
+                stop(helper)
             for t, k in ints:
                 k.compile()                 # LLVM only: numba compiles meanwhile
                 step(t.name)
@@ -130,8 +142,6 @@ def prepare(types, level: str | None = None, step=None, helper=None) -> None:
     for kind in sorted({FORMATS[t].vec_dot_type for t, _ in kernels}, key=int):
         quantize_activations(np.zeros((1, 256), np.float32), kind)
     step("activations")
-    if not done.wait(JOIN_TIMEOUT) and helper is not None:
-        stop(helper)                        # its pipe closes: the thread compiles
     done.wait()
     if errors:
         raise errors[0]
@@ -172,9 +182,9 @@ class Helper(subprocess.Popen):
     """The helper process, and the reports it has written so far (`reached`).
 
     Its stdout is read by a thread of its own, so that a wait can end when the helper
-    does, or after a timeout; its stderr is discarded: a helper that fails
-    costs nothing but the time it ran, since this process then compiles whatever is
-    still missing."""
+    does, or after a timeout; its stderr is discarded: a helper that fails costs
+    nothing but the time it ran, since this process then compiles whatever is still
+    missing."""
 
     def __init__(self, model_path, level: str):
         super().__init__([sys.executable, "-m", "fucina_course.startup",
@@ -303,11 +313,9 @@ def compile_prefill(model_path, level: str | None = None, report=None) -> None:
     quant.matvec, quant.bound_matvec = _zero_matvec, _zero_bound_matvec
     quant.matmul, quant.dequantize_rows = _zero_matmul, _zero_rows
     model = Model.load(model_path, tokenizer=False)
-    kernels = _kernels({t.ggml_type for t in model.gguf.tensors.values()}, level)
     _jit.init()
-    for _, k in kernels:
-        if isinstance(k, _int.IntKernels):
-            k.compile()
+    for _, k in _llvm_kernels(_kernels(_types(model), level)):
+        k.compile()
     report(LLVM_DONE)
     model.forward_step([0, 0], 0, model.new_cache(2))
 
@@ -361,7 +369,7 @@ def first_start(model) -> None:
     One decode step and a 2-token prefill compile the rest of the engine; the helper
     compiles the formats' LLVM modules and the prefill's kernels meanwhile.  Call it
     once the command's own checks have passed."""
-    types = {t.ggml_type for t in model.gguf.tensors.values()}
+    types = _types(model)
     todo = pending(types)
     helper = take_early()
     if not todo:

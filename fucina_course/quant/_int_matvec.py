@@ -384,9 +384,10 @@ def q6k_pair_scales(b, sc16, n, k):
 def q6k_lanes16(b, u, x16, sc16, n, k):
     """<8 x i32>: the generic level's scaled lanes of vector k of half n (two 16-element
     sub-blocks): q = u - 32 in int16 times the int16 activations by pmaddwd
-    (`madd_host`), each sub-block's 8 lanes apart (not `lanes16`, which adds them); |lane| <= 2 * 32 * 128 < 2^15, so
-    `packssdw_host` packs the two exactly, and one more pmaddwd multiplies them by
-    their scales (`q4k_lanes16` does the same for Q4_K)."""
+    (`madd_host`), each sub-block's 8 lanes apart (not `lanes16`, which adds them);
+    |lane| <= 2 * 32 * 128 < 2^15, so `packssdw_host` packs the two exactly, and one
+    more pmaddwd multiplies them by their scales (`q4k_lanes16` does the same for
+    Q4_K)."""
     q16 = b.sub(b.zext(u, V(I16, 32)), const_vec(I16, 32, 32))
     lo = madd_host(b, half(b, q16, 0), half(b, x16, 0))
     hi = madd_host(b, half(b, q16, 1), half(b, x16, 1))

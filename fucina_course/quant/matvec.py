@@ -24,9 +24,10 @@ Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
   (avx512vnni, avxvnni, avx2): 2-5x the float kernels in cache, 1.1-2x over a sweep;
   and, at the "generic" level, as portable vector IR on int16 activations;
 * float kernels (below): every format on every CPU, what the generic level runs on a
-  CPU whose LLVM has no native f16 conversion, the only ones for F16, BF16 and F32.  (Q4_K's generic kernel is integer arithmetic in plain numba
-  loops: its sub-block scales are integers, so a super-block needs one horizontal sum,
-  not one per 32 elements as the other formats would.)
+  CPU whose LLVM has no native f16 conversion, the only ones for F16, BF16 and F32.
+  (Q4_K's generic kernel is integer arithmetic in plain numba loops: its sub-block
+  scales are integers, so a super-block needs one horizontal sum, not one per 32
+  elements as the other formats would.)
 
 Float kernel shape: `prange` over chunks of ROWS output rows; per row one 32-lane
 float32 accumulator to which every block adds `scale * (float(q_w) * q_x)` lane-wise,
@@ -480,8 +481,7 @@ FLOAT_KERNELS = {t: f.kernels.float_matvec for t, f in FORMATS.items()}
 # levels; at the generic level its portable IR kernels where LLVM converts f16
 # natively (isa.GENERIC_IR; over a sweep, haswell code, Q8_0 1.3x its float kernel,
 # Q6_K 2.0x, Q5_K 3x and more: docs/BENCHMARKS.md#generic-ir-kernels), else the float
-# kernels.  `fucina info
-# --kernels` prints it.
+# kernels.  `fucina info --kernels` prints it.
 KERNELS = {(t, isa.GENERIC): k for t, k in FLOAT_KERNELS.items()}
 KERNELS.update({(t, lv): IntKernels(t, lv) for t, f in FORMATS.items()
                 for lv in f.kernels.int_levels if lv != isa.GENERIC or isa.GENERIC_IR})
