@@ -24,9 +24,9 @@ cache:
 Measured on 2 cores, the France question cold, four pairs alternating with the
 version before (docs/BENCHMARKS.md#first-start): 13.1-16.6 s against 17.5-21.3 s in a
 slow hour of the VM, 10.3-12.5 s against 11.5-13.8 s in a quiet one, for about the
-same CPU time.  The version before compiled the LLVM modules here, in a
-thread beside numba's: three busy threads on two cores, once the packed GEMMs had
-tripled the LLVM work (1.3 -> 4.0 s of CPU for the Coder's four formats).  Rejected: the
+same CPU time.  The version before compiled the LLVM modules here, in a thread
+beside numba's: three busy threads on two cores, once the packed GEMMs had tripled
+the LLVM work (1.3 -> 4.0 s of CPU for the Coder's four formats).  Rejected: the
 helper compiling the quantizers too (this process then waits for them, idle, after
 the driver, and compiles RoPE and the decode's softmax before the helper's prefill
 has: ~2 s more CPU, no faster); giving it `_decode_f16` (it became the slower of the
