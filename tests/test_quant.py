@@ -764,6 +764,11 @@ def test_generic_ir_kernels_are_portable(t):
             x86 = _asm_for(mod, triple, "haswell")
             assert "vpmaddwd" in x86 and "vcvtph2ps" in x86, t.name
             assert not re.search(r"\n\s*call", x86), t.name
+            # AVX and F16C but no FMA (Sandy / Ivy Bridge): a mul and an add, never
+            # a call to libm's fmaf per lane (_ir.fma)
+            ivy = _asm_for(mod, triple, "ivybridge")
+            assert "vcvtph2ps" in ivy and "vfmadd" not in ivy, t.name
+            assert not re.search(r"\n\s*call", ivy), t.name
             sse2 = _asm_for(mod, triple, "x86-64")           # no AVX: xmm pmaddwd
             assert "pmaddwd" in sse2 and "vpmaddwd" not in sse2, t.name
 

@@ -16,7 +16,7 @@ calls through their addresses.  Two kinds per format and level:
 The vector helpers name the LLVM intrinsics by their x86 instruction (LLVM 22 as bundled
 with llvmlite 0.50 takes byte / word vector operands): `vpdpbusd` (4 adjacent u8 x s8
 products added to each int32 lane), `vpdpwssd` (2 s16 x s16), `vpmaddubsw` (2 u8 x s8
-into a saturating int16), `vpmaddwd`, `vpackssdw`, `llvm.fma`, `llvm.prefetch`.  The
+into a saturating int16), `vpmaddwd`, `vpackssdw`, `llvm.fmuladd`, `llvm.prefetch`.  The
 rest is generic IR (unaligned loads, shifts, shuffles, selects) that LLVM lowers well
 for any level; the generic level's helpers (`madd`, `madd_host`, `packssdw_host`) use
 no target intrinsic but SSE2's on x86-64 hosts.  No
@@ -329,8 +329,14 @@ def sum_rows(builder, vecs):
 
 
 def fma(builder, a, b, c):
+    """a * b + c per lane: `llvm.fmuladd`, fused where the target has FMA (every x86
+    level's target, ARMv8), so the same bits as `llvm.fma` there.  Not `llvm.fma`,
+    whose single rounding is a promise: on a CPU without FMA (the generic level on
+    Sandy / Ivy Bridge) LLVM keeps it with a call to libm's fmaf per lane -- 216
+    calls in Q4_K's packed GEMM, which ran 5x slower than a mul and an add
+    (ivybridge code, one core, 2026-12-03, docs/BENCHMARKS.md#generic-ir-kernels)."""
     n = a.type.count
-    return call(builder, f"llvm.fma.v{n}f32", a.type, a, b, c)
+    return call(builder, f"llvm.fmuladd.v{n}f32", a.type, a, b, c)
 
 
 def block_at(builder, w, i, bpb, pf, lines):
