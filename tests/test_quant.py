@@ -125,13 +125,29 @@ def kernels(request, monkeypatch):
     return request.param
 
 
-@pytest.fixture(params=PACKED_LEVELS)
+GENERIC_INT16 = "generic-int16"   # the generic level's packed GEMM on int16 pairs
+
+
+@pytest.fixture(params=[*PACKED_LEVELS, GENERIC_INT16])
 def packed_level(request, monkeypatch):
-    """Run a test once per level of the packed GEMM this CPU runs."""
-    _skip_unless_usable(request.param)
-    if request.param == isa.GENERIC and not isa.GENERIC_IR:
+    """Run a test once per level of the packed GEMM this CPU runs, and once with the
+    generic level's int16 pairs for every format (what it runs off x86, and for
+    Q8_0: _int_packed.byte_products), in kernels of their own name, so that neither
+    the process's kernels nor the disk cache mix the two."""
+    level = isa.GENERIC if request.param == GENERIC_INT16 else request.param
+    _skip_unless_usable(level)
+    if level == isa.GENERIC and not isa.GENERIC_IR:
         pytest.skip("no generic IR kernels here (isa.GENERIC_IR)")
-    monkeypatch.setattr(isa, "level", request.param)
+    if request.param == GENERIC_INT16:
+        for t in PACKED_TYPES:
+            k = IntKernels(t, isa.GENERIC)
+            k.name += "_int16"
+            with monkeypatch.context() as only_here:    # not for the test's own kernels
+                only_here.setattr(_int_packed, "byte_products",
+                                  lambda t, level, triple=None: level != isa.GENERIC)
+                k.compile()
+            monkeypatch.setitem(matmul_mod._PACKED_BY_VALUE, (int(t), isa.GENERIC), k)
+    monkeypatch.setattr(isa, "level", level)
     return request.param
 
 
@@ -745,7 +761,9 @@ def test_generic_ir_kernels_are_portable(t):
     # int16 x int16 -> int32 where x86 has pmaddwd) and native f16
     # conversions, with no call to a runtime function; for a plain x86-64 v3 CPU,
     # vpmullw / vpmaddwd and vcvtph2ps.  The exceptions, in an x86-64 module only:
-    # pmaddwd and packssdw of SSE2, the x86-64 baseline (_ir.madd_host, packssdw_host).
+    # pmaddwd and packssdw of SSE2, the x86-64 baseline (_ir.madd_host, packssdw_host),
+    # and in the packed GEMM of every format but Q8_0, SSSE3's pmaddubsw
+    # (_int_packed.byte_products), which every x86 CPU with F16C has.
     for triple in ("aarch64-unknown-linux-gnu", "x86_64-unknown-linux-gnu"):
         mod = _jit.new_module("generic")
         mod.triple = triple
@@ -753,7 +771,10 @@ def test_generic_ir_kernels_are_portable(t):
         text = str(mod)
         assert "llvm.prefetch" in text
         assert set(re.findall(r"llvm\.x86\.[\w.]+", text)) <= {
-            "llvm.x86.sse2.pmadd.wd", "llvm.x86.sse2.packssdw.128"}
+            "llvm.x86.sse2.pmadd.wd", "llvm.x86.sse2.packssdw.128",
+            "llvm.x86.ssse3.pmadd.ub.sw.128"}
+        byte_products = "llvm.x86.ssse3.pmadd.ub.sw.128" in text
+        assert byte_products == (triple.startswith("x86") and t != T.Q8_0), t.name
         if triple.startswith("aarch64"):
             assert "llvm.x86" not in text
             arm = _asm_for(mod, triple, "neoverse-n1")
@@ -764,13 +785,16 @@ def test_generic_ir_kernels_are_portable(t):
             x86 = _asm_for(mod, triple, "haswell")
             assert "vpmaddwd" in x86 and "vcvtph2ps" in x86, t.name
             assert not re.search(r"\n\s*call", x86), t.name
+            assert ("vpmaddubsw" in x86) == byte_products, t.name   # ymm on haswell
             # AVX and F16C but no FMA (Sandy / Ivy Bridge): a mul and an add, never
             # a call to libm's fmaf per lane (_ir.fma)
             ivy = _asm_for(mod, triple, "ivybridge")
             assert "vcvtph2ps" in ivy and "vfmadd" not in ivy, t.name
             assert not re.search(r"\n\s*call", ivy), t.name
-            sse2 = _asm_for(mod, triple, "x86-64")           # no AVX: xmm pmaddwd
-            assert "pmaddwd" in sse2 and "vpmaddwd" not in sse2, t.name
+            sse = _asm_for(mod, triple, "x86-64", "+ssse3")  # no AVX: xmm pmaddwd
+            assert "pmaddwd" in sse and "vpmaddwd" not in sse, t.name
+            assert ("pmaddubsw" in sse) == byte_products, t.name
+            assert "vpmaddubsw" not in sse and "ymm" not in sse, t.name
 
 
 def test_generic_level_needs_native_half():

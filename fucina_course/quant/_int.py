@@ -112,8 +112,8 @@ class IntKernels:
             define_prep(mod, names["prep_mm"], tile.prep or _no_prep)
             define_matmul(mod, names["matmul"], tile.body, bpb, PREFETCH, tile.side)
         if self.has_packed:
-            define_prep(mod, names["prep_pk"],
-                        prep_packed(t, lv, self._tile_prep()) or _no_prep)
+            prep = prep_packed(t, lv, self._tile_prep(), mod.triple)
+            define_prep(mod, names["prep_pk"], prep or _no_prep)
             fallback = mod.globals[names["matmul"]] if "matmul" in names else None
             define_packed(mod, names["packed"], t, lv, fallback)
 

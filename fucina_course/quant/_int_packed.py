@@ -25,12 +25,15 @@ of 8.  avxvnni has vpdpbusd on ymm.  avx2 has none: each 4-byte sum is vpmaddubs
 sums of a few vpmaddubsw for the 4-, 5- and 6-bit formats, the sign trick for Q8_0).
 Layer matrices at m = 256 against the tiles (Sapphire Rapids class, the levels
 emulated, 2026-12-02): avx2 Q8_0 1.3x, Q4_K 1.6x; avxvnni Q8_0 3.4x, Q4_K 1.7x.
-The generic level (no tiles, and no instruction beyond the host's baseline) widens
-the weights to int16 in the repack and reads an int16 copy of the activations, one
-pmaddwd (SSE2; plain IR on other hosts) per 2 bytes of each lane, `madd_host`; a
-chunk of fewer than 16 weight rows repeats its last row in the missing lanes.  It
-replaces BLAS there: Q8_0 / Q4_K layer matrices at m = 64, 10.9 / 11.3 ms against
-20.9 / 18.5; m = 256, 46.3 / 46.4 against 59.3 / 51.8.
+The generic level has no tiles and no instruction beyond the host's own
+(`byte_products`).  On x86-64 it runs avx2's byte products with SSSE3's pmaddubsw
+and SSE2's pmaddwd by 128-bit halves (one ymm instruction each where the host has
+AVX2); on other hosts, and for Q8_0, it widens the weights to int16 in the repack
+and reads an int16 copy of the activations, one pmaddwd (plain IR off x86) per 2
+bytes of each lane, `madd_host`.  A chunk of fewer than 16 weight rows repeats its
+last row in the missing lanes.  It replaces BLAS there: Q8_0 / Q4_K layer matrices
+at m = 64, 10.9 / 11.3 ms against 20.9 / 18.5; m = 256, 46.3 / 46.4 against 59.3 /
+51.8 (int16 pairs for both, 2026-12-02; Q4_K's bytes then halved its time).
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -45,6 +48,7 @@ equal a one-token step exactly.
 
 from __future__ import annotations
 
+import llvmlite.binding as ll
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
@@ -53,7 +57,8 @@ from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin
                           q4k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
                   const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  madd_host, pmaddubsw, pmaddwd, shuffle, splat)
+                  madd_host, maddubs_host, pmaddubsw, pmaddwd, shuffle, splat,
+                  x86_triple)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -139,54 +144,92 @@ def _bcast(b, ptr, off, n, ty=I32):
     return splat(b, load(b, ptr, off, ty), n)
 
 
+def byte_products(t, level, triple=None) -> bool:
+    """Whether the packed GEMM of format `t` at `level` multiplies the weights as
+    bytes (u8 x s8: vpdpbusd, or pmaddubsw then pmaddwd) rather than as int16 pairs
+    (pmaddwd, `madd_host`): at every x86 level; at the generic level for an x86-64
+    target with SSSE3 (`triple`: the module's, this process's by default), but for
+    Q8_0.  That is every x86 CPU the generic IR kernels run on: they need F16C
+    (isa.GENERIC_IR), which came after SSSE3 at Intel and AMD alike.
+
+    Measured at generic (one core, the layer matrices of the 0.6B geometry, both
+    ways alternating in one process, haswell code, Sapphire Rapids class,
+    2026-12-03): bytes 1.3-2.0x faster than int16 pairs for the 4-, 5- and 6-bit
+    formats (Q4_K m = 256: 77.5 against 155.5 ms), 0.72-0.75x for Q8_0, whose sign
+    trick costs as many instructions as the int16 pairs and a psignb on top.  int16
+    pairs elsewhere (ARM: NEON has no pair product of bytes, only the dot product
+    extension's)."""
+    if level != isa.GENERIC:
+        return True
+    triple = triple or ll.get_process_triple()
+    return (t != T.Q8_0 and x86_triple(triple)
+            and "+ssse3" in isa.target(level)[1].split(","))
+
+
 class _Dot:
     """tot + each lane's integer dot product of len(quants) * 4 bytes, the repacked
     weights (unsigned) with 4 broadcast activation bytes (signed) per vector.
 
-    VNNI levels: one vpdpbusd per vector.  avx2: vpmaddubsw (pairs into int16, which
-    saturate) then vpmaddwd by 1 into int32.  A pair is at most 2 * umax * 128, so
-    `group` = 32767 // that many vpmaddubsw results add up exactly in int16 before one
-    vpmaddwd: 8 for the 4-bit formats, 4 for the 5-bit ones, 2 for Q6_K -- 1.1 to 1.5
-    instructions per vector instead of 3.  Q8_0 (umax 255) would saturate even alone:
-    it takes ggml's sign trick instead, |q| as the unsigned side and x * sign(q) as the
+    VNNI levels: one vpdpbusd per vector.  avx2, and generic on x86-64 but for Q8_0
+    (`byte_products`: SSSE3's pmaddubsw and SSE2's pmaddwd by 128-bit halves,
+    `maddubs_host`, `madd_host`): pmaddubsw (pairs into saturating int16) then
+    pmaddwd by 1 into int32.  A pair is at most 2 * umax * 128, so `group` = 32767 //
+    that many pmaddubsw results add up exactly in int16 before one pmaddwd: 8 for the
+    4-bit formats, 4 for the 5-bit ones, 2 for Q6_K -- 1.1 to 1.5 instructions per
+    vector instead of 3.  Q8_0 (umax 255) would saturate even alone: it takes ggml's
+    sign trick instead (avx2), |q| as the unsigned side and x * sign(q) as the
     signed one (`signs`: the repacked q themselves), 4 instructions per vector.
 
-    Generic: no target intrinsic.  The weights are repacked as signed int16 (q, not
-    u: no offsets), 2 per lane, the activations read from the prep's int16 copy, and
-    each vector is one pmaddwd and an add (`madd_host`): 2 instructions per 2 bytes
-    of each lane, exact for every format."""
+    Generic elsewhere, and its Q8_0 (`int16`): no target intrinsic.  The weights are
+    repacked as signed int16 (q, not u: no offsets), 2 per lane, the activations read
+    from the prep's int16 copy, and each vector is one pmaddwd-shaped multiply and an
+    add (`madd_host`): 2 instructions per 2 bytes of each lane, exact for every format.
+    Until 2026-12-03 the generic level's way for every format on x86 too."""
 
-    def __init__(self, level, t):
+    def __init__(self, level, t, triple=None):
         self.level, self.n = level, lanes(level)
-        self.signed = level == isa.AVX2 and t == T.Q8_0
+        self.int16 = not byte_products(t, level, triple)
+        self.maddubs = level in (isa.AVX2, isa.GENERIC) and not self.int16
+        self.signed = self.maddubs and t == T.Q8_0
         self.group = (32767 // (2 * _UMAX[t] * 128)
-                      if level == isa.AVX2 and not self.signed else 1)
+                      if self.maddubs and not self.signed else 1)
         assert self.group >= 1, t
+
+    def _pairs(self, b, u8, s8):
+        if self.level == isa.GENERIC:
+            return maddubs_host(b, u8, s8)
+        return pmaddubsw(b, u8, s8)
+
+    def _widen(self, b, s16):
+        """<n x i32>: the sums of adjacent int16 pairs (pmaddwd by 1)."""
+        ones = const_vec(I16, 2 * self.n, 1)
+        if self.level == isa.GENERIC:
+            return madd_host(b, s16, ones)
+        return pmaddwd(b, s16, ones)
 
     def __call__(self, b, tot, quants, x, xo, signs=None):
         n = self.n
         xbs = [b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k)), n), V(I8, 4 * n))
                for k in range(len(quants))]
-        if self.level == isa.GENERIC:           # int16 pairs: x the prep's int16 copy
+        if self.int16:                          # int16 pairs: x the prep's int16 copy
             for q, xb in zip(quants, xbs):
                 tot = b.add(tot, madd_host(b, q, xb))
             return tot
-        if self.level != isa.AVX2:
+        if not self.maddubs:
             for q, xb in zip(quants, xbs):
                 tot = dpbusd(b, tot, q, xb)
             return tot
-        ones = const_vec(I16, 2 * n, 1)
         if self.signed:
             for q, sq, xb in zip(quants, signs, xbs):
                 sx = call(b, "llvm.x86.avx2.psign.b", V(I8, 32), xb, sq)
-                tot = b.add(tot, pmaddwd(b, pmaddubsw(b, q, sx), ones))
+                tot = b.add(tot, self._widen(b, self._pairs(b, q, sx)))
             return tot
         for g in range(0, len(quants), self.group):
             s16 = None
             for q, xb in zip(quants[g:g + self.group], xbs[g:g + self.group]):
-                p = pmaddubsw(b, q, xb)
+                p = self._pairs(b, q, xb)
                 s16 = p if s16 is None else b.add(s16, p)
-            tot = b.add(tot, pmaddwd(b, s16, ones))
+            tot = b.add(tot, self._widen(b, s16))
         return tot
 
 
@@ -222,10 +265,10 @@ class _Blk32:
     CHUNK = 64          # blocks repacked at a time: 64 x 640 bytes (zmm)
     QK = 32
 
-    def __init__(self, t, level):
+    def __init__(self, t, level, triple=None):
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
-        self.dot = _Dot(level, t)
-        self.wide = level == isa.GENERIC             # int16 weights, signed
+        self.dot = _Dot(level, t, triple)
+        self.wide = self.dot.int16                   # int16 weights, signed
         self.nq = 16 if self.wide else 8             # quant vectors per block ...
         self.nsign = 8 if self.dot.signed else 0     # ... and q's, for the sign trick
         self.dslot = self.nq + self.nsign            # d_w's slot, then m_w's
@@ -293,11 +336,11 @@ class _KQuant:
     CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB (zmm)
     QK = 256
 
-    def __init__(self, t, level):
+    def __init__(self, t, level, triple=None):
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
-        self.dot = _Dot(level, t)
+        self.dot = _Dot(level, t, triple)
         self.six = t == T.Q6_K
-        self.wide = level == isa.GENERIC             # int16 weights (Q6_K: q - 32)
+        self.wide = self.dot.int16                   # int16 weights (Q6_K: q - 32)
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
         self.qvecs = 128 if self.wide else 64        # quant vectors per super-block
         self.VECS = self.qvecs + self.nsub + (0 if self.six else 5)
@@ -431,8 +474,8 @@ class _KQuant:
             b.store(fma(b, total, dx, b.load(acc)), acc)
 
 
-def _layout(t, level):
-    return (_KQuant if FORMATS[t].block_size == 256 else _Blk32)(t, level)
+def _layout(t, level, triple=None):
+    return (_KQuant if FORMATS[t].block_size == 256 else _Blk32)(t, level, triple)
 
 
 def _ext_at(b, lay, n):
@@ -441,13 +484,13 @@ def _ext_at(b, lay, n):
     return b.mul(n, i64(2 if lay.wide else 1))
 
 
-def prep_packed(t, level, tile_prep):
+def prep_packed(t, level, tile_prep, triple=None):
     """The prep body of the packed path: the tile's own prep (`tile_prep`, or None) in
     s[0:n], for the chunks that fall back to the tiles (generic: the activations as
     int16 in s[0:2n]), then the layout's per-row data (`prep_ext`: n / 4 bytes at
     most; `_int.run` sizes the packed path's scratch rows for both).  None if there is
-    nothing to do."""
-    lay = _layout(t, level)
+    nothing to do.  `triple`: the module's target (`byte_products`)."""
+    lay = _layout(t, level, triple)
     if lay.wide:
         tile_prep = prep_x16
     if lay.ext is None and tile_prep is None:
@@ -469,8 +512,8 @@ def define_packed(mod, name, t, level, fallback):
     matrix's last rows) goes to `fallback`, the format's tile function; the generic
     level has no tiles (fallback None): its groups repeat their last row in the
     missing lanes and store only the rows that exist."""
-    lay = _layout(t, level)
-    bpb, n = lay.fmt.block_bytes, lay.n
+    lay = _layout(t, level, mod.triple)
+    n = lay.n
     fn, b = _function(mod, name, MATMUL_ARGTYS)
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = fn.args
     with b.goto_entry_block():
@@ -519,7 +562,7 @@ def _groups(b, lay, args, scratch, ngroup, partial):
                 lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
                            b.mul(i, i64(lay.VECS)))
             ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
-                   b.add(col, rg), k0, nb, scratch, c, valid)
+                   b.add(col, rg), k0, nb, scratch, c, valid if partial else None)
             ntile = b.udiv(m, i64(TILE))
             with for_range(b, i64(0), ntile) as tt:
                 _rows(b, ctx, b.mul(tt, i64(TILE)), TILE)
@@ -530,8 +573,9 @@ def _groups(b, lay, args, scratch, ngroup, partial):
 def _rows(b, ctx, t0, count):
     """Activation rows t0 .. t0 + count - 1 against the repacked chunk: each row's
     outputs (one per lane) accumulate in one float vector, loaded from y after the
-    first chunk.  Only the group's `valid` lanes are read from and written to y (all
-    of them but in a generic level's last group)."""
+    first chunk.  With `valid` (the generic level: None elsewhere) only the group's
+    first `valid` lanes are read from and written to y (all of them but in its last
+    group)."""
     (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst, col, k0, nb, scratch, c,
      valid) = ctx
     fv = V(F32, lay.n)
@@ -542,7 +586,7 @@ def _rows(b, ctx, t0, count):
         yp = b.bitcast(b.gep(y, [b.add(b.mul(ti, yst), b.mul(col, i64(4)))]),
                        fv.as_pointer())
         acc = alloca(b, fv)
-        if lay.wide:
+        if valid is not None:
             _copy_lanes(b, yp, acc, valid, first)
         else:
             b.store(b.select(first, ir.Constant(fv, None), b.load(yp, align=4)), acc)
@@ -554,7 +598,7 @@ def _rows(b, ctx, t0, count):
     with for_range(b, i64(0), nb) as i:
         lay.compute(b, scratch, b.mul(i, i64(lay.VECS)), b.add(k0, i), rows, accs)
     for yp, acc in zip(outs, accs):
-        if lay.wide:
+        if valid is not None:
             _copy_lanes(b, acc, yp, valid)
         else:
             b.store(b.load(acc), yp, align=4)

@@ -18,10 +18,10 @@ with llvmlite 0.50 takes byte / word vector operands): `vpdpbusd` (4 adjacent u8
 products added to each int32 lane), `vpdpwssd` (2 s16 x s16), `vpmaddubsw` (2 u8 x s8
 into a saturating int16), `vpmaddwd`, `vpackssdw`, `llvm.fmuladd`, `llvm.prefetch`.  The
 rest is generic IR (unaligned loads, shifts, shuffles, selects) that LLVM lowers well
-for any level; the generic level's helpers (`madd`, `madd_host`, `packssdw_host`) use
-no target intrinsic but SSE2's on x86-64 hosts.  No
-bounds checks: the builders stay inside the row's blocks and the arrays the drivers
-size; a prefetch may point past the end, which never faults.
+for any level; the generic level's helpers (`madd`, `madd_host`, `packssdw_host`,
+`maddubs_host`) use no target intrinsic but SSE2's and SSSE3's on x86-64
+hosts.  No bounds checks: the builders stay inside the row's blocks and the arrays the
+drivers size; a prefetch may point past the end, which never faults.
 """
 
 from __future__ import annotations
@@ -189,9 +189,14 @@ def madd(builder, level, a16, b16):
                        builder.mul(half(a16, 1), half(b16, 1)))
 
 
+def x86_triple(triple) -> bool:
+    """True if an LLVM target triple names an x86-64 CPU."""
+    return str(triple).startswith(("x86_64", "amd64"))
+
+
 def _x86_host(builder) -> bool:
     """True if the module is for an x86-64 host (its triple: _jit.new_module)."""
-    return str(builder.module.triple).startswith(("x86_64", "amd64"))
+    return x86_triple(builder.module.triple)
 
 
 def madd_host(b, a16, b16):
@@ -221,6 +226,16 @@ def packssdw_host(b, a, c):
                                               V(I16, 8), x, y), a, c)
     a16, c16 = b.trunc(a, V(I16, 8)), b.trunc(c, V(I16, 8))
     return shuffle(b, a16, c16, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
+
+
+def maddubs_host(b, u8, s8):
+    """<16 x i16>: the generic level's pairs of u8 x s8 products on an x86-64 host
+    (_int_packed.byte_products): SSSE3's pmaddubsw by halves, saturating as
+    vpmaddubsw does (the callers keep the pairs within int16); LLVM joins the halves
+    into one ymm vpmaddubsw where the target has AVX2."""
+    def ssse3(x, y):
+        return call(b, "llvm.x86.ssse3.pmadd.ub.sw.128", V(I16, 8), x, y)
+    return by_halves(b, ssse3, u8, s8)
 
 
 def abs_sign(builder, q, x):

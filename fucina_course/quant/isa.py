@@ -18,9 +18,10 @@ code compiled for whatever CPU numba compiles for: every quantized format (their
 records' `kernels.int_levels`) as the same IR kernels, their dot products written on
 int16 activations in plain LLVM vector operations (`_ir.madd_host`: int16 products,
 int32 sums; no target intrinsic but SSE2's pmaddwd, which every x86-64 CPU has, so
-LLVM picks the host's instructions, NEON on ARM), where LLVM converts f16 natively
-(`GENERIC_IR`); F16 / BF16 / F32, and every format on a CPU without, as the float
-kernels of matvec.py.
+LLVM picks the host's instructions, NEON on ARM; prefill's packed GEMM multiplies bytes
+on x86 with SSSE3's pmaddubsw, _int_packed.byte_products), where LLVM converts f16
+natively (`GENERIC_IR`); F16 / BF16 / F32, and every format on a CPU without, as the
+float kernels of matvec.py.
 
 The choice is made once, at import: the best level whose `NEEDED` features are all in
 the feature string numba compiles for (the host's, or NUMBA_CPU_FEATURES).

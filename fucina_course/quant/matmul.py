@@ -60,7 +60,7 @@ from numba import njit
 
 from . import isa
 from ._int import NO_FLOATS, IntKernels, run
-from ._int_packed import has_packed
+from ._int_packed import byte_products, has_packed
 from ._intrinsics import f16_to_f32
 from ._ir import TILE as _TILE_ROWS
 from .activations import quantize_activations
@@ -298,6 +298,8 @@ def kernel_choices(types=None, level: str | None = None) -> list[tuple[str, ...]
             below = (f"{_TILE_ROWS}-row tiles" if (t, lv) in KERNELS
                      else "matvec per row")
             mm = f"{below} < {PACKED_MIN_ROWS} rows, packed GEMM above"
+            if lv == isa.GENERIC:
+                mm += " (pmaddubsw)" if byte_products(t, lv) else " (int16 pairs)"
         elif (t, lv) in KERNELS:
             n = ROWS_BLAS_MIN_ROWS_BY_LEVEL[lv][t]
             mm = f"{_TILE_ROWS}-row tiles < {n} rows, BLAS above"
