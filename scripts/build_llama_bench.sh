@@ -8,6 +8,7 @@
 # LLAMA_CPP_ISA=avx2 builds llama.cpp's AVX2 level instead (llama_cpp_flags.sh), by default into
 # ~/.cache/fucina_course/llama-bench-avx2: the second witness of bench_vs_llama.py's emulated
 # levels (avxvnni, avx2, generic), beside the AVX2 binding of build_llama_cpp_avx2.sh.
+# LLAMA_CPP_ISA=avx: AVX and F16C only (Sandy / Ivy Bridge), into .../llama-bench-avx.
 #
 # Same source as the binding: the llama.cpp that the llama-cpp-python sdist vendors
 # (vendor/llama.cpp of the same version), fetched with pip download.  Same CMake flags:
@@ -66,6 +67,12 @@ cmake --build "$DIR" --target llama-bench -j "$JOBS"
 if [[ "${LLAMA_CPP_ISA:-}" == avx2 ]] && command -v objdump >/dev/null \
    && objdump -d "$DIR/bin/libggml-cpu.so" | grep -q zmm; then
   echo "error: $DIR/bin/libggml-cpu.so contains AVX-512 (zmm) instructions" >&2
+  exit 1
+fi
+# ... and the AVX witness no FMA instruction either
+if [[ "${LLAMA_CPP_ISA:-}" == avx ]] && command -v objdump >/dev/null \
+   && objdump -d "$DIR/bin/libggml-cpu.so" | grep -Eq 'zmm|vfmadd'; then
+  echo "error: $DIR/bin/libggml-cpu.so contains AVX-512 or FMA instructions" >&2
   exit 1
 fi
 echo "$STAMP" >"$DIR/build-stamp.txt"

@@ -12,8 +12,12 @@ _llama_cpu_flags=$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)
 # LLAMA_CPP_ISA=avx2: llama.cpp's x86 AVX2 level whatever this CPU has (AVX, AVX2, FMA, F16C,
 # BMI2; no AVX-512, no AVX-VNNI), the witness of the emulated avx2 / generic levels of
 # bench/bench_vs_llama.py (the same set as scripts/build_llama_cpp_avx2.sh's binding).
+# LLAMA_CPP_ISA=avx: AVX and F16C, no AVX2, no FMA (Sandy / Ivy Bridge), the witness of the
+# generic level compiled for Ivy Bridge (docs/BENCHMARKS.md, "Generic IR kernels").
 if [[ "${LLAMA_CPP_ISA:-}" == avx2 ]]; then
   _llama_cpu_flags="flags : avx avx2 fma f16c bmi2"
+elif [[ "${LLAMA_CPP_ISA:-}" == avx ]]; then
+  _llama_cpu_flags="flags : avx f16c"
 fi
 _llama_has() { [[ " $_llama_cpu_flags " == *" $1 "* ]] && echo ON || echo OFF; }
 LLAMA_CPP_CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=$(_llama_has avx) -DGGML_AVX2=$(_llama_has avx2)"
