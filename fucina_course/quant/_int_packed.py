@@ -57,8 +57,7 @@ from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin
                           q4k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
                   const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  madd_host, maddubs_host, pmaddubsw, pmaddwd, shuffle, splat,
-                  x86_triple)
+                  madd_host, maddubs, pmaddwd, shuffle, splat, x86_triple)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -197,17 +196,9 @@ class _Dot:
                       if self.maddubs and not self.signed else 1)
         assert self.group >= 1, t
 
-    def _pairs(self, b, u8, s8):
-        if self.level == isa.GENERIC:
-            return maddubs_host(b, u8, s8)
-        return pmaddubsw(b, u8, s8)
-
     def _widen(self, b, s16):
         """<n x i32>: the sums of adjacent int16 pairs (pmaddwd by 1)."""
-        ones = const_vec(I16, 2 * self.n, 1)
-        if self.level == isa.GENERIC:
-            return madd_host(b, s16, ones)
-        return pmaddwd(b, s16, ones)
+        return _madd(b, self.level, s16, const_vec(I16, 2 * self.n, 1))
 
     def __call__(self, b, tot, quants, x, xo, signs=None):
         n = self.n
@@ -224,24 +215,30 @@ class _Dot:
         if self.signed:
             for q, sq, xb in zip(quants, signs, xbs):
                 sx = call(b, "llvm.x86.avx2.psign.b", V(I8, 32), xb, sq)
-                tot = b.add(tot, self._widen(b, self._pairs(b, q, sx)))
+                tot = b.add(tot, self._widen(b, maddubs(b, self.level, q, sx)))
             return tot
         for g in range(0, len(quants), self.group):
             s16 = None
             for q, xb in zip(quants[g:g + self.group], xbs[g:g + self.group]):
-                p = self._pairs(b, q, xb)
+                p = maddubs(b, self.level, q, xb)
                 s16 = p if s16 is None else b.add(s16, p)
             tot = b.add(tot, self._widen(b, s16))
         return tot
 
 
+def _madd(b, level, a16, b16):
+    """Pairs of int16 products summed per int32 lane: vpmaddwd, or at the generic
+    level `madd_host` (SSE2's by halves on x86-64, plain IR elsewhere)."""
+    if level == isa.GENERIC:
+        return madd_host(b, a16, b16)
+    return pmaddwd(b, a16, b16)
+
+
 def _dpwssd(b, level, acc, a16, b16):
     """acc + pairs of int16 products per lane: vpdpwssd on the VNNI levels, vpmaddwd
     (generic: `madd_host`) and an add elsewhere."""
-    if level == isa.GENERIC:
-        return b.add(acc, madd_host(b, a16, b16))
-    if level == isa.AVX2:
-        return b.add(acc, pmaddwd(b, a16, b16))
+    if level in (isa.GENERIC, isa.AVX2):
+        return b.add(acc, _madd(b, level, a16, b16))
     return dpwssd(b, acc, a16, b16)
 
 
@@ -481,8 +478,8 @@ def _layout(t, level, triple=None):
 
 
 def _ext_at(b, lay, n):
-    """Where a scratch row's `prep_ext` data starts: after the tile's prep (n bytes),
-    or after the generic level's int16 activations (2n)."""
+    """Where a scratch row's `prep_ext` data starts: after n bytes (the tile's prep,
+    if any), or after the generic level's int16 activations (2n)."""
     return b.mul(n, i64(2 if lay.wide else 1))
 
 

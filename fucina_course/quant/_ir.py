@@ -169,8 +169,10 @@ def dot4(builder, level, acc, u8, s8):
 
 def maddubs(builder, level, u8, s8):
     """<n/2 x i16>: the sum of each pair of adjacent u8 x s8 products: vpmaddubsw
-    (saturating; the callers keep the pairs within int16).  x86 levels only."""
-    assert level != isa.GENERIC, "the generic level multiplies int16 (madd_host)"
+    (saturating; the callers keep the pairs within int16); at the generic level,
+    x86-64 hosts only (_int_packed.byte_products), SSSE3's by halves (`maddubs_host`)."""
+    if level == isa.GENERIC:
+        return maddubs_host(builder, u8, s8)
     return pmaddubsw(builder, u8, s8)
 
 
