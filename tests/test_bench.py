@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import platform
+
+import pytest
 
 from fucina_course.bench import measure_roofline
 
@@ -130,3 +133,48 @@ def test_steal_time_is_the_share_of_ticks_the_hypervisor_took(monkeypatch, tmp_p
     assert bvl.steal_share(after, after) is None and bvl.steal_share(None, after) is None
     stat.unlink()
     assert bvl.cpu_times() is None
+
+
+def _mca_prefill():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "mca_prefill.py"
+    spec = importlib.util.spec_from_file_location("mca_prefill", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mca_picks_the_innermost_loop_with_the_most_dot_products():
+    # bench/mca_prefill.py's static witness must time the loop the kernel spends its
+    # time in: an outer loop holds more vpdpbusd (the inner's and its own) but is not it
+    mca = _mca_prefill()
+    asm = "\n".join([
+        "f:", "\tnop", ".L1:", "\tvpdpbusd\t(%rax), %zmm1, %zmm2",
+        ".LBB0_2:", "\tvpdpbusd\t(%rax), %ymm1, %ymm2", "\tvpdpbusd\t4(%rax), %ymm1, %ymm3",
+        "\tjne\t.LBB0_2", ".L3:", "\tvpdpbusd\t(%rcx), %ymm4, %ymm5", "\tjne\t.L3",
+        "\taddq\t$1, %rax", "\tjne\t.L1", "\tret", "\t.size\tf, .-f", "g:",
+        ".L9:", "\tvpdpbusd\t(%rax), %zmm1, %zmm2", "\tvpdpbusd\t(%rax), %zmm1, %zmm3",
+        "\tvpdpbusd\t(%rax), %zmm1, %zmm4", "\tjne\t.L9"])
+    loop = mca.innermost_loop(asm, "f")
+    assert loop == ["\tvpdpbusd\t(%rax), %ymm1, %ymm2", "\tvpdpbusd\t4(%rax), %ymm1, %ymm3",
+                    "\tjne\t.LBB0_2"]
+    assert mca.macs(loop) == 64                       # two ymm: 8 lanes x 4 bytes each
+    assert mca.macs(mca.innermost_loop(asm, "g")) == 3 * 64
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
+                    reason="the x86 kernels' assembly")
+def test_mca_finds_the_packed_gemm_tile_loop():
+    # the real kernel: 8 activation rows x 16 weight rows x 32 elements per iteration,
+    # for the Zen 4 model's tuning; the process's numba target is left as it was
+    from numba.core import config
+
+    from fucina_course.quant import isa
+    from fucina_course.quant._int_packed import TILE, lanes
+
+    before = config.CPU_NAME
+    loop = _mca_prefill().fucina_loop("znver4")
+    assert config.CPU_NAME == before
+    assert _mca_prefill().macs(loop) == TILE * lanes(isa.AVX512VNNI) * 32 == 4096
