@@ -430,8 +430,32 @@ def _ggml_quantize(lib, x: np.ndarray, kind) -> np.ndarray:
     return out
 
 
-def test_activation_quantizers_bit_exact_with_llama_cpp(ggml):
-    x = _activations(m=16, n=2048)
+def _tricky_activations(n=2048, seed=3):
+    """Rows whose rounding and max choices are easy to get wrong: half-integer ties in
+    every block (after scaling by 127/amax = 1), the largest magnitude twice with
+    both signs in different blocks of 32 (Q8_K keeps the first: its sign sets
+    iscale's), a zero block between busy ones, and tiny and huge scales."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((6, n)).astype(np.float32)
+    x[0, ::32] = 127.0
+    x[0, 1::32] = rng.integers(-253, 254, n // 32).astype(np.float32) / 2
+    x[0, 2::32] = 126.5
+    x[0, 3::32] = -0.5
+    for sb in range(0, n, 256):                    # both signs of the max, either first
+        first, second = (-9.0, 9.0) if sb % 512 == 0 else (9.0, -9.0)
+        x[1, sb + 5 * 32 + 7] = first
+        x[1, sb + 6 * 32 + 1] = second
+        x[2, sb + 17] = first                      # and twice in the same block
+        x[2, sb + 3] = second
+    x[3, 64:96] = 0.0
+    x[4] *= np.float32(1e-30)
+    x[5] *= np.float32(1e30)
+    return x
+
+
+@pytest.mark.parametrize("which", ["random", "tricky"])
+def test_activation_quantizers_bit_exact_with_llama_cpp(ggml, which):
+    x = _activations(m=16, n=2048) if which == "random" else _tricky_activations()
     for kind in (T.Q8_0, T.Q8_1):
         ref = _ggml_quantize(ggml, x, kind).reshape(-1, ACT_BLOCK[kind][1])
         qa = quantize_activations(x, kind)

@@ -1,4 +1,4 @@
-"""Five tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
+"""Seven tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
 
 * `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba
   cannot take `float16` arrays in CPU kernels, so the kernels read a half as two bytes
@@ -12,6 +12,15 @@
   `array_1d[index]`.  The address may lie past the end of the array: a prefetch never
   faults.  Software prefetch lifts the matvec kernels from ~7.5 to ~16 GB/s on a
   model-sized sweep here (matvec.py).
+* `block32_amax_bits(x, o)` / `block32_quantize(x, o, scale, q)`: the two steps of
+  quantizing one 32-value block of activations (activations.py), written as one
+  `<32 x float>` / `<32 x i32>` operation each: the largest |x| as an unsigned max
+  over the bits (`llvm.vector.reduce.umax`), and `q = int8(min(rint(x * scale), 127))`
+  with the sum of q (`llvm.rint`, `llvm.vector.reduce.add`).  Written as numba loops,
+  LLVM unrolled the 32-long loops before it could vectorize them and turned the amax
+  chain of `max` into branches (x86's cmov conversion), mispredicted on real data:
+  256 x 1024 Q8_0 activations took 693-697 us, with these 91-117, bit for bit the
+  same (one slow hour, docs/BENCHMARKS.md).
 
 `tests/test_quant.py` checks the two conversions exhaustively (all 65,536 halves)
 against numpy.
@@ -26,6 +35,10 @@ from numba.extending import intrinsic
 _I16 = ir.IntType(16)
 _I32 = ir.IntType(32)
 _I8P = ir.IntType(8).as_pointer()
+_F32 = ir.FloatType()
+_V32I = ir.VectorType(_I32, 32)
+_V32F = ir.VectorType(_F32, 32)
+_V32B = ir.VectorType(ir.IntType(8), 32)
 
 
 @intrinsic
@@ -113,5 +126,66 @@ def f32_as_u32(typingctx, x):
 
     def codegen(context, builder, signature, args):
         return builder.bitcast(args[0], _I32)
+
+    return sig, codegen
+
+
+def _llvm_function(builder, name: str, ret, args):
+    fn = builder.module.globals.get(name)
+    if fn is None:
+        fn = ir.Function(builder.module, ir.FunctionType(ret, args), name=name)
+    return fn
+
+
+def _block(context, builder, aty, arr, idx, vty):
+    """A `vty *` to element `idx` of the 1-D array `arr`."""
+    ary = context.make_array(aty)(context, builder, arr)
+    return builder.bitcast(builder.gep(ary.data, [idx]), vty.as_pointer())
+
+
+@intrinsic
+def block32_amax_bits(typingctx, x, o):
+    """The largest of x[o:o+32]'s bit patterns with the sign bit cleared (uint32): the
+    bits of max |x| for finite x (the order of non-negative floats is their bits'),
+    and >= 0x7F800000 if the block holds an infinity or a NaN."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32
+            and isinstance(o, types.Integer)):
+        return None
+    sig = types.uint32(x, o)
+
+    def codegen(context, builder, signature, args):
+        p = _block(context, builder, signature.args[0], args[0], args[1], _V32I)
+        v = builder.and_(builder.load(p, align=4), ir.Constant(_V32I, [0x7FFFFFFF] * 32))
+        fn = _llvm_function(builder, "llvm.vector.reduce.umax.v32i32", _I32, [_V32I])
+        return builder.call(fn, [v])
+
+    return sig, codegen
+
+
+@intrinsic
+def block32_quantize(typingctx, x, o, scale, q):
+    """q[o:o+32] = int8(min(rint(x[o:o+32] * scale), 127)) (round half to even);
+    returns the sum of the 32 quants (int32).  x float32, q int8, both 1-D."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32
+            and isinstance(q, types.Array) and q.ndim == 1 and q.dtype == types.int8
+            and isinstance(o, types.Integer) and scale == types.float32):
+        return None
+    sig = types.int32(x, o, scale, q)
+
+    def codegen(context, builder, signature, args):
+        a = signature.args
+        px = _block(context, builder, a[0], args[0], args[1], _V32F)
+        pq = _block(context, builder, a[3], args[3], args[1], _V32B)
+        s = builder.insert_element(ir.Constant(_V32F, None), args[2], ir.Constant(_I32, 0))
+        s = builder.shuffle_vector(s, ir.Constant(_V32F, None),
+                                   ir.Constant(_V32I, [0] * 32))
+        rint = _llvm_function(builder, "llvm.rint.v32f32", _V32F, [_V32F])
+        r = builder.call(rint, [builder.fmul(builder.load(px, align=4), s)])
+        top = ir.Constant(_V32F, [127.0] * 32)
+        r = builder.select(builder.fcmp_ordered(">", r, top), top, r)
+        qi = builder.fptosi(r, _V32I)
+        builder.store(builder.trunc(qi, _V32B), pq, align=1)
+        add = _llvm_function(builder, "llvm.vector.reduce.add.v32i32", _I32, [_V32I])
+        return builder.call(add, [qi])
 
     return sig, codegen

@@ -44,7 +44,8 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 from numba import njit, types
 
-from ._intrinsics import f16_to_f32, f32_to_f16_bits, u32_as_f32
+from ._intrinsics import (block32_amax_bits, block32_quantize, f16_to_f32,
+                          f32_to_f16_bits, u32_as_f32)
 
 _F0 = np.float32(0.0)
 _F127 = np.float32(127.0)
@@ -58,49 +59,42 @@ def _round_f16(v):
     return f16_to_f32(f32_to_f16_bits(v))
 
 
-@njit(inline="always")
-def _block_amax(xb, t, o):
-    """The largest |x| of 32 values from row t, offset o, as an integer max over the
-    bits with the sign bit cleared (monotonic for non-NaN floats; vectorizes)."""
-    abits = np.uint32(0)
-    for j in range(32):
-        abits = max(abits, xb[t, o + j] & np.uint32(0x7FFFFFFF))
-    return u32_as_f32(abits)
+_NON_FINITE_BITS = np.uint32(0x7F800000)   # |x| bits at or above: infinity or NaN
 
 
 @njit(inline="always")
-def _all_finite(x):
-    """No NaN or infinity in x f32[m, n]: the largest exponent field, found as an
-    integer max over the bits (vectorizes), is below all-ones."""
-    xb = x.view(np.uint32)
+def _row_amax(xr, amax):
+    """amax[b] = the largest |x| of block b of the row xr (32 values a block), as bits
+    with the sign cleared (`block32_amax_bits`).  Returns False if the row holds a
+    NaN or an infinity: no scale fits them (the callers raise
+    `NonFiniteActivations`)."""
     top = np.uint32(0)
-    for t in range(x.shape[0]):
-        for j in range(x.shape[1]):
-            top = max(top, xb[t, j] & np.uint32(0x7FFFFFFF))
-    return top < np.uint32(0x7F800000)
+    for b in range(amax.size):
+        bits = block32_amax_bits(xr, b * 32)
+        amax[b] = u32_as_f32(bits)
+        top = max(top, bits)
+    return top < _NON_FINITE_BITS
 
 
 @njit(cache=True)
 def _quant_q8_0_rows(x, qi, d16, s16, with_sum):
     """x f32[m, n] -> qi int8[m, n] (-127..127), d16 f32[m, n/32]; s16 f32[m, n/32]
     if with_sum.  ggml's x86 AVX path: id = 127/amax, round half to even.  Returns 0,
-    or 1 without writing anything if x holds a NaN or an infinity (no scale fits
-    them; the callers raise `NonFiniteActivations`)."""
+    or 1 if x holds a NaN or an infinity (no scale fits them; the callers raise
+    `NonFiniteActivations`; what was written is then meaningless).  Per row, the
+    blocks' amax first (into d16), then the quants: one vector operation a block each
+    (_intrinsics.py)."""
     m, n = x.shape
-    if not _all_finite(x):
-        return 1
-    xb = x.view(np.uint32)
     for t in range(m):
+        xr, qr, dr = x[t], qi[t], d16[t]
+        if not _row_amax(xr, dr):
+            return 1
         for b in range(n // 32):
-            amax = _block_amax(xb, t, b * 32)
+            amax = dr[b]
             d = amax / _F127
             idd = _F127 / amax if amax != _F0 else _F0
-            total = np.int32(0)
-            for j in range(32):
-                r = np.rint(x[t, b * 32 + j] * idd)
-                qi[t, b * 32 + j] = np.int8(r)
-                total += np.int32(r)
-            d16[t, b] = _round_f16(d)
+            total = block32_quantize(xr, b * 32, idd, qr)
+            dr[b] = _round_f16(d)
             if with_sum:
                 s16[t, b] = _round_f16(d * np.float32(total))
     return 0
@@ -111,10 +105,9 @@ def _quant_q8_0_rows_reference(x, qi, d16, s16, with_sum):
     """_quant_q8_0_rows with ggml's portable rules (quantize_row_q8_0_ref, gguf-py):
     id = 1/d, round half away from zero."""
     m, n = x.shape
-    xb = x.view(np.uint32)
     for t in range(m):
         for b in range(n // 32):
-            amax = _block_amax(xb, t, b * 32)
+            amax = u32_as_f32(block32_amax_bits(x[t], b * 32))
             d = amax / _F127
             idd = _F1 / d if d != _F0 else _F0
             total = np.int32(0)
@@ -138,42 +131,41 @@ def _quant_q8_k_rows(x, qi, d, bsum32):
     """x f32[m, n] -> qi int8[m, n], d f32[m, n/256], bsum32 int32[m, n/32] (sum of qi
     per 32; ggml keeps int16 sums per 16, bsums, and adds them in pairs).
 
-    ggml takes `max` = the first value of largest magnitude.  Found here in two
-    vectorizable passes: the largest |x| as an integer max over the bit patterns with
-    the sign bit cleared (monotonic for non-NaN floats), then the first index holding
-    it: 2.8 -> 1.4 us for 1024 values.  Returns 0, or 1 for a non-finite x (as
-    `_quant_q8_0_rows`)."""
+    ggml takes `max` = the first value of largest magnitude.  Found here as the largest
+    |x| as an unsigned max over the bit patterns with the sign bit cleared (monotonic
+    for non-NaN floats), one vector operation per 32 values (`block32_amax_bits`), then
+    the first index holding it, searched in the first block of 32 that does.  Returns
+    0, or 1 for a non-finite x (as `_quant_q8_0_rows`)."""
     m, n = x.shape
-    if not _all_finite(x):
-        return 1
     nsb = n // 256
     xb = x.view(np.uint32)
     for t in range(m):
+        xr, qr = x[t], qi[t]
         for b in range(nsb):
             o = b * 256
             abits = np.uint32(0)
-            for j in range(256):
-                abits = max(abits, xb[t, o + j] & np.uint32(0x7FFFFFFF))
+            for g in range(8):
+                abits = max(abits, block32_amax_bits(xr, o + g * 32))
+            if abits >= _NON_FINITE_BITS:
+                return 1
             if abits == 0:
                 d[t, b] = _F0
                 for j in range(256):
-                    qi[t, o + j] = 0
+                    qr[o + j] = 0
                 for j in range(8):
                     bsum32[t, b * 8 + j] = 0
                 continue
+            first = o
+            while block32_amax_bits(xr, first) != abits:
+                first += 32
             mx = _F0
-            for j in range(256):
-                if xb[t, o + j] & np.uint32(0x7FFFFFFF) == abits:
-                    mx = x[t, o + j]
+            for j in range(first, first + 32):
+                if xb[t, j] & np.uint32(0x7FFFFFFF) == abits:
+                    mx = xr[j]
                     break
             iscale = _FM127 / mx
             for g in range(8):
-                total = np.int32(0)
-                for j in range(32):
-                    v = min(np.rint(iscale * x[t, o + g * 32 + j]), _F127)
-                    qi[t, o + g * 32 + j] = np.int8(v)
-                    total += np.int32(v)
-                bsum32[t, b * 8 + g] = total
+                bsum32[t, b * 8 + g] = block32_quantize(xr, o + g * 32, iscale, qr)
             d[t, b] = _F1 / iscale
     return 0
 
