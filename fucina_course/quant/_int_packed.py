@@ -57,7 +57,7 @@ from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin
                           q4k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
                   const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  madd_host, maddubs, pmaddwd, shuffle, splat, x86_triple)
+                  madd_host, maddubs, pmaddwd, prefetch, shuffle, splat, x86_triple)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -72,6 +72,8 @@ _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15
 # / 21.6 (6), 38.9 / 22.7 (8); avxvnni 18.8 / 18.3 (4), 20.9 / 16.3 (8) (Sapphire
 # Rapids class, 2026-12-02, the levels emulated as in bench/bench_vs_llama.py)
 TILE = 8
+# the repack prefetches the next group's weight rows (`_groups`)
+PREFETCH_AHEAD = True
 
 
 def has_packed(t, level) -> bool:
@@ -533,7 +535,12 @@ def define_packed(mod, name, t, level, fallback):
 def _groups(b, lay, args, scratch, ngroup, partial):
     """The ngroup groups of `lay.n` weight rows from r0 on: each repacked a chunk at a
     time, all activation rows passed over each chunk (`_rows`).  `partial`: the last
-    group may have fewer rows (generic): its missing lanes repeat row r1 - 1."""
+    group may have fewer rows (generic): its missing lanes repeat row r1 - 1.
+
+    The repack of a block also prefetches the same block of the next group's rows: a
+    prefill reads each layer's weights once, from DRAM, 16 rows' blocks side by side
+    (rows 1-2 KB apart), a pattern the hardware prefetchers follow poorly.  The whole
+    next group arrives while this one's blocks meet every activation row."""
     (w, r0, r1, col, rb, m, x, xst, xd, xdst, xs, xsst, s, sst, y, yst) = args
     bpb, n = lay.fmt.block_bytes, lay.n
     nblk = b.udiv(rb, i64(bpb))
@@ -546,9 +553,12 @@ def _groups(b, lay, args, scratch, ngroup, partial):
         if partial:
             valid = b.sub(r1, rg)
             valid = b.select(b.icmp_signed("<", valid, i64(n)), valid, i64(n))
-        rows = []
+        rows, ahead = [], []
         for j in range(n):
             r = b.add(rg, i64(j))
+            # the next group's row j (past r1: the next call's rows, or past the
+            # matrix's end, where a prefetch is ignored: it never faults)
+            ahead.append(b.gep(w, [b.mul(b.add(r, i64(n)), rb)]))
             if partial:
                 r = b.select(b.icmp_signed("<", r, r1), r, last)
             rows.append(b.gep(w, [b.mul(r, rb)]))
@@ -560,6 +570,9 @@ def _groups(b, lay, args, scratch, ngroup, partial):
                 o = b.mul(b.add(k0, i), i64(bpb))
                 lay.repack(b, [b.gep(r, [o]) for r in rows], scratch,
                            b.mul(i, i64(lay.VECS)))
+                for r in ahead if PREFETCH_AHEAD else ():    # _groups: why
+                    for line in range(0, bpb, 64):
+                        prefetch(b, r, b.add(o, i64(line)))
             ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
                    b.add(col, rg), k0, nb, scratch, c, valid if partial else None)
             ntile = b.udiv(m, i64(TILE))
