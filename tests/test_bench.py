@@ -21,13 +21,13 @@ def test_measure_roofline_reports_both_ceilings():
     assert r["peak_gflop_s"] == max(s["gflop_s"] for s in r["sgemm"])
 
 
-def _bench_vs_llama():
-    """bench/bench_vs_llama.py, a script, loaded as a module."""
+def _bench_script(name: str):
+    """bench/<name>.py, a script, loaded as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "bench_vs_llama.py"
-    spec = importlib.util.spec_from_file_location("bench_vs_llama", path)
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,7 +38,7 @@ def test_llama_bench_json_is_read_per_test():
     test, the median of the repetitions."""
     import json
 
-    bvl = _bench_vs_llama()
+    bvl = _bench_script("bench_vs_llama")
     text = json.dumps([
         {"build_commit": "0c1e570", "build_number": 1, "n_prompt": 64, "n_gen": 0,
          "avg_ts": 200.0, "samples_ts": [100.0, 300.0, 210.0]},
@@ -77,7 +77,7 @@ def test_each_llama_cpp_build_has_its_llama_bench(tmp_path, capsys):
     assert 'LLAMA_CPP_ISA=avx2 source "$(dirname' in script   # the binding: same flags
     assert "CMAKE_ARGS=$LLAMA_CPP_CMAKE_ARGS" in script and "-DGGML_" not in script
 
-    bvl = _bench_vs_llama()
+    bvl = _bench_script("bench_vs_llama")
     exe = tmp_path / "llama-bench"
     assert bvl.usable_llama_bench(None, str(exe), "LLAMA_CPP_ISA=avx2 ") == ""
     assert "LLAMA_CPP_ISA=avx2 scripts/build_llama_bench.sh" in capsys.readouterr().err
@@ -97,7 +97,7 @@ def test_the_avx2_binding_is_found_in_its_default_directory(tmp_path, monkeypatc
 
     root = Path(__file__).resolve().parents[1]
     script = (root / "scripts" / "build_llama_cpp_avx2.sh").read_text()
-    bvl = _bench_vs_llama()
+    bvl = _bench_script("bench_vs_llama")
     assert bvl.DEFAULT_LLAMA_AVX2.endswith("/.cache/fucina_course/llama-avx2")
     assert "DIR=${1:-$HOME/.cache/fucina_course/llama-avx2}" in script
     monkeypatch.setattr(bvl, "DEFAULT_LLAMA_AVX2", str(tmp_path))
@@ -115,7 +115,7 @@ def test_steal_time_is_the_share_of_ticks_the_hypervisor_took(monkeypatch, tmp_p
     between two readings, None where it cannot be read."""
     import builtins
 
-    bvl = _bench_vs_llama()
+    bvl = _bench_script("bench_vs_llama")
     stat = tmp_path / "stat"
     real_open = builtins.open
 
@@ -135,21 +135,10 @@ def test_steal_time_is_the_share_of_ticks_the_hypervisor_took(monkeypatch, tmp_p
     assert bvl.cpu_times() is None
 
 
-def _mca_prefill():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "mca_prefill.py"
-    spec = importlib.util.spec_from_file_location("mca_prefill", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_mca_picks_the_innermost_loop_with_the_most_dot_products():
     # bench/mca_prefill.py's static witness must time the loop the kernel spends its
     # time in: an outer loop holds more vpdpbusd (the inner's and its own) but is not it
-    mca = _mca_prefill()
+    mca = _bench_script("mca_prefill")
     asm = "\n".join([
         "f:", "\tnop", ".L1:", "\tvpdpbusd\t(%rax), %zmm1, %zmm2",
         ".LBB0_2:", "\tvpdpbusd\t(%rax), %ymm1, %ymm2", "\tvpdpbusd\t4(%rax), %ymm1, %ymm3",
@@ -175,6 +164,7 @@ def test_mca_finds_the_packed_gemm_tile_loop():
     from fucina_course.quant._int_packed import TILE, lanes
 
     before = config.CPU_NAME
-    loop = _mca_prefill().fucina_loop("znver4")
+    mca = _bench_script("mca_prefill")
+    loop = mca.fucina_loop("znver4")
     assert config.CPU_NAME == before
-    assert _mca_prefill().macs(loop) == TILE * lanes(isa.AVX512VNNI) * 32 == 4096
+    assert mca.macs(loop) == TILE * lanes(isa.AVX512VNNI) * 32 == 4096

@@ -72,7 +72,8 @@ _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15
 # / 21.6 (6), 38.9 / 22.7 (8); avxvnni 18.8 / 18.3 (4), 20.9 / 16.3 (8) (Sapphire
 # Rapids class, 2026-12-02, the levels emulated as in bench/bench_vs_llama.py)
 TILE = 8
-# the repack prefetches the next group's weight rows (`_groups`)
+# the repack prefetches the next group's weight rows (`_groups`); False builds the
+# kernels without it, the other side of docs/BENCHMARKS.md's A/B
 PREFETCH_AHEAD = True
 
 
