@@ -3,6 +3,7 @@ of llama.cpp, through LLVM's machine-code analyzer (`llvm-mca`), per CPU model.
 
     python bench/mca_prefill.py [--cpus znver4,sapphirerapids,icelake-server]
         [--mca llvm-mca-19] [--llama-build ~/.cache/fucina_course/llama-bench]
+    python bench/mca_prefill.py --arm [--cpus apple-m1,apple-m2,neoverse-n1,...]
 
 Issue 27 asks for Q8_0 prefill >= 1.0x llama.cpp on AMD Zen 4, where no session has had a
 machine since the issue was filed (its 0.69x was measured before the packed GEMM existed).
@@ -25,6 +26,20 @@ MACs per cycle in L1, one core: the kernels' ceiling, not a prefill speed (no ca
 misses, no repack, no activation quantization, no attention; a prefill is ~1/3 GEMM
 kernel on Sapphire Rapids class, docs/BENCHMARKS.md).  llvm-mca is LLVM's, not the CPU's:
 its models are approximations (Debian's `llvm-19` package has the Zen 4 one).
+
+`--arm` asks the same of the CPUs no session runs on at all, ARM's (Apple M-series,
+Graviton / Neoverse, Raspberry Pi 5's Cortex-A76), where the engine runs its generic
+level:
+
+* fucina's: the generic level's Q8_0 packed GEMM (8 activation rows x 8 weight rows x 32
+  elements, int16 products), its IR built for an aarch64 module and compiled by
+  llvmlite's own LLVM for each CPU model, as the engine's JIT would compile it there;
+* llama.cpp's: on ARM, Q8_0 weights are repacked (ggml-cpu/repack.cpp), and the prefill
+  runs `ggml_gemm_q8_0_4x8_q8_0` where the CPU has the int8 matrix multiply (i8mm:
+  `smmla`, 32 MACs) or else `ggml_gemm_q8_0_4x4_q8_0` (dotprod: `sdot`, 16 MACs), from
+  ggml-cpu/arch/arm/repack.cpp of the same vendored source, cross-compiled by
+  `clang++-19 --target=aarch64-linux-gnu -mcpu=CPU -O3` (`apt-get install clang-19
+  g++-aarch64-linux-gnu`: the compiler and the aarch64 C library headers).
 """
 
 from __future__ import annotations
@@ -41,9 +56,20 @@ import tempfile
 ITERATIONS = 300
 
 
-def innermost_loop(asm: str, func: str, key: str = "vpdpbusd") -> list[str]:
+# a backward branch to a local label: x86's jcc / jmp, aarch64's b.cond, b, cbz / cbnz
+# and tbz / tbnz (register and bit operands before the label)
+_BRANCH = re.compile(r"^\s*(?:j\w+|b\.\w+|b|cbn?z|tbn?z)\s+"
+                     r"(?:[^,\s]+,\s*)*(\.L\w+)\s*(?:[#/].*)?$")
+# the instructions that do a loop's multiply-accumulates, per architecture
+DOT = ("vpdpbusd",)
+ARM_DOT = ("sdot", "smmla", "smlal", "smull")
+
+
+def innermost_loop(asm: str, func: str, key=DOT) -> list[str]:
     """The instructions of the innermost loop of `func` (in `asm`) that holds the most
-    `key` instructions: of the backward-jump regions that contain no other one."""
+    instructions named in `key` (a string or a tuple of them): of the backward-branch
+    regions that contain no other one."""
+    keys = (key,) if isinstance(key, str) else tuple(key)
     lines = asm.splitlines()
     start = next(i for i, s in enumerate(lines) if s.startswith(func + ":"))
     end = next((i for i in range(start + 1, len(lines))
@@ -54,7 +80,7 @@ def innermost_loop(asm: str, func: str, key: str = "vpdpbusd") -> list[str]:
               if re.match(r"^\.L\w+:", s)}
     spans = []
     for i, s in enumerate(body):
-        m = re.match(r"^\s*j\w+\s+(\.L\w+)", s)
+        m = _BRANCH.match(s)
         if m and m.group(1) in labels and labels[m.group(1)] < i:
             spans.append((labels[m.group(1)], i))
     loops = []
@@ -62,27 +88,38 @@ def innermost_loop(asm: str, func: str, key: str = "vpdpbusd") -> list[str]:
         if any(a <= a2 and z2 <= z and (a2, z2) != (a, z) for a2, z2 in spans):
             continue                                    # an outer loop
         ins = [t for t in body[a:z + 1] if t.startswith("\t") and not t.startswith("\t.")]
-        loops.append((sum(key in t for t in ins), ins))
-    if not loops:
-        raise SystemExit(f"no loop found in {func}")
+        loops.append((sum(any(k in t for k in keys) for t in ins), ins))
+    if not loops or not max(n for n, _ in loops):
+        raise ValueError(f"no loop with {' / '.join(keys)} in {func}")
     return max(loops, key=lambda kv: kv[0])[1]
 
 
 def macs(loop: list[str]) -> int:
-    """Multiply-accumulates per iteration: 4 bytes per int32 lane of each vpdpbusd."""
+    """Multiply-accumulates per iteration: 4 bytes per int32 lane of each vpdpbusd; on
+    aarch64 16 per `sdot` (4 lanes x 4 bytes), 32 per `smmla` (a 2x8 by 8x2 byte
+    product), and one per lane of the widening `smlal` / `smull` (4 on .4s, 8 on .8h)."""
     n = 0
     for s in loop:
-        if "vpdpbusd" in s:
+        words = s.replace("{vex}", "").split()       # AVX-VNNI's `{vex} vpdpbusd`
+        op = words[0] if words else ""
+        if op == "vpdpbusd":
             n += 64 if "zmm" in s else 32 if "ymm" in s else 16
+        elif op == "sdot":
+            n += 16
+        elif op == "smmla":
+            n += 32
+        elif op in ("smlal", "smlal2", "smull", "smull2"):
+            n += 4 if ".4s" in s else 8 if ".8h" in s else 2
     return n
 
 
-def mca_cycles(mca: str, loop: list[str], cpu: str) -> float:
+def mca_cycles(mca: str, loop: list[str], cpu: str, triple: str = "x86_64") -> float:
     """llvm-mca's cycles per iteration of `loop` on `cpu`."""
     with tempfile.NamedTemporaryFile("w", suffix=".s", delete=False) as f:
         f.write("\n".join(loop) + "\n")
     try:
-        out = subprocess.run([mca, f"-mcpu={cpu}", f"-iterations={ITERATIONS}", f.name],
+        out = subprocess.run([mca, f"-mtriple={triple}", f"-mcpu={cpu}",
+                              f"-iterations={ITERATIONS}", f.name],
                              capture_output=True, text=True, check=True).stdout
     finally:
         os.unlink(f.name)
@@ -126,9 +163,86 @@ def llama_loop(build: str) -> list[str]:
     return innermost_loop(asm, func)
 
 
+ARM_TRIPLE = "aarch64-unknown-linux-gnu"
+
+
+def fucina_loop_arm(cpu: str) -> list[str]:
+    """The generic level's Q8_0 packed GEMM loop as LLVM compiles it for an aarch64 `cpu`
+    (the module's triple is what makes the IR helpers leave x86's SSE2 / SSSE3
+    intrinsics out: _ir.madd_host)."""
+    import llvmlite.binding as ll
+    from gguf import GGMLQuantizationType as T
+    from llvmlite import ir
+
+    from fucina_course.quant import isa
+    from fucina_course.quant._int import IntKernels
+
+    ll.initialize_all_targets()
+    ll.initialize_all_asmprinters()
+    mod = ir.Module("mca_arm")
+    mod.triple = ARM_TRIPLE
+    IntKernels(T.Q8_0, isa.GENERIC).build(mod)
+    tm = ll.Target.from_triple(ARM_TRIPLE).create_target_machine(cpu=cpu, opt=3)
+    llmod = ll.parse_assembly(str(mod), context=ll.create_context())
+    llmod.triple, llmod.data_layout = tm.triple, str(tm.target_data)
+    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=3))
+    pb.getModulePassManager().run(llmod, pb)
+    return innermost_loop(tm.emit_assembly(llmod), "q8_0_generic_packed", ARM_DOT)
+
+
+def llama_loop_arm(build: str, cpu: str, clang: str) -> tuple[str, list[str]]:
+    """(kernel, loop): the Q8_0 GEMM llama.cpp's repack picks on an aarch64 `cpu` (4x8
+    `smmla` with i8mm, else 4x4 `sdot`), cross-compiled for it from the source of our
+    llama-bench build, with its -D / -I flags (the x86 ones dropped)."""
+    with open(os.path.join(build, "compile_commands.json")) as f:
+        entry = next(c for c in json.load(f) if c["file"].endswith("ggml-cpu/repack.cpp"))
+    src = os.path.join(os.path.dirname(entry["file"]), "arch", "arm", "repack.cpp")
+    flags = [a for a in entry["command"].split()
+             if a.startswith("-I") or (a.startswith("-D") and not a.startswith(
+                 ("-DGGML_AVX", "-DGGML_SSE", "-DGGML_F16C", "-DGGML_FMA", "-DGGML_BMI")))]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "repack.s")
+        subprocess.run([clang, "--target=aarch64-linux-gnu", f"-mcpu={cpu}", "-O3",
+                        "-std=gnu++17", "-w", *flags, "-S", "-o", out, src],
+                       cwd=entry["directory"], check=True)
+        with open(out) as f:
+            asm = f.read()
+    for kernel, key in (("ggml_gemm_q8_0_4x8_q8_0", "smmla"),
+                        ("ggml_gemm_q8_0_4x4_q8_0", "sdot")):
+        try:
+            return kernel, innermost_loop(asm, kernel, key)
+        except ValueError:          # no such loop: the CPU lacks the instruction
+            continue
+    raise SystemExit(f"no Q8_0 repack GEMM loop for {cpu} in {src}")
+
+
+def print_table(args, triple: str, ours_name: str, theirs_name: str, loops) -> None:
+    """One markdown row per CPU model; `loops(cpu)` gives (fucina's loop, llama.cpp's
+    loop, a note on llama.cpp's)."""
+    version = subprocess.run([args.mca, "--version"], capture_output=True, text=True).stdout
+    print(re.search(r"LLVM version \S+", version).group(0), "(llvm-mca), 1 core, in L1")
+    print(f"| CPU model | fucina {ours_name}, cycles / MACs per cycle | llama.cpp "
+          f"{theirs_name}, cycles / MACs per cycle | fucina / llama.cpp |")
+    print("|---|---:|---:|---:|")
+    for cpu in args.cpus.split(","):
+        ours, theirs, note = loops(cpu)
+        c_ours = mca_cycles(args.mca, ours, cpu, triple)
+        c_theirs = mca_cycles(args.mca, theirs, cpu, triple)
+        r_ours, r_theirs = macs(ours) / c_ours, macs(theirs) / c_theirs
+        print(f"| {cpu} | {c_ours:.1f} / {r_ours:.1f} ({macs(ours)} MACs) | "
+              f"{c_theirs:.1f} / {r_theirs:.1f} ({macs(theirs)} MACs{note}) | "
+              f"{r_ours / r_theirs:.2f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpus", default="znver4,sapphirerapids,icelake-server")
+    ap.add_argument("--cpus", default=None, help="LLVM CPU models (default: "
+                    "znver4,sapphirerapids,icelake-server; with --arm "
+                    "apple-m1,apple-m2,neoverse-n1,neoverse-v1,cortex-a76)")
+    ap.add_argument("--arm", action="store_true",
+                    help="aarch64 CPU models: the generic level against llama.cpp's "
+                    "ARM repack kernels")
+    ap.add_argument("--clang", default="clang++-19", help="for --arm")
     ap.add_argument("--mca", default=shutil.which("llvm-mca-19") or "llvm-mca")
     ap.add_argument("--llama-build", default=os.path.expanduser(
         "~/.cache/fucina_course/llama-bench"))
@@ -139,19 +253,22 @@ def main() -> None:
     if not os.path.exists(os.path.join(args.llama_build, "compile_commands.json")):
         sys.exit(f"no llama-bench build in {args.llama_build}: run "
                  "scripts/build_llama_bench.sh first")
+    if args.arm:
+        clang = shutil.which(args.clang)
+        if clang is None:
+            sys.exit(f"{args.clang} not found: `apt-get install clang-19 "
+                     "g++-aarch64-linux-gnu` (the compiler and aarch64 headers)")
+        args.cpus = args.cpus or "apple-m1,apple-m2,neoverse-n1,neoverse-v1,cortex-a76"
+
+        def arm_loops(cpu):
+            kernel, theirs = llama_loop_arm(args.llama_build, cpu, clang)
+            return fucina_loop_arm(cpu), theirs, ", " + kernel.split("_")[4]
+        print_table(args, "aarch64", "generic packed GEMM", "repack GEMM", arm_loops)
+        return
+    args.cpus = args.cpus or "znver4,sapphirerapids,icelake-server"
     theirs = llama_loop(args.llama_build)
-    version = subprocess.run([args.mca, "--version"], capture_output=True, text=True).stdout
-    print(re.search(r"LLVM version \S+", version).group(0), "(llvm-mca), 1 core, in L1")
-    print("| CPU model | fucina packed GEMM, cycles / MACs per cycle | "
-          "llama.cpp tinyBLAS gemm4xN<4> | fucina / llama.cpp |")
-    print("|---|---:|---:|---:|")
-    for cpu in args.cpus.split(","):
-        ours = fucina_loop(cpu)
-        c_ours, c_theirs = mca_cycles(args.mca, ours, cpu), mca_cycles(args.mca, theirs, cpu)
-        r_ours, r_theirs = macs(ours) / c_ours, macs(theirs) / c_theirs
-        print(f"| {cpu} | {c_ours:.1f} / {r_ours:.1f} ({macs(ours)} MACs) | "
-              f"{c_theirs:.1f} / {r_theirs:.1f} ({macs(theirs)} MACs) | "
-              f"{r_ours / r_theirs:.2f}x |")
+    print_table(args, "x86_64", "packed GEMM", "tinyBLAS gemm4xN<4>",
+                lambda cpu: (fucina_loop(cpu), theirs, ""))
 
 
 if __name__ == "__main__":

@@ -153,6 +153,45 @@ def test_mca_picks_the_innermost_loop_with_the_most_dot_products():
     assert mca.macs(mca.innermost_loop(asm, "g")) == 3 * 64
 
 
+def test_mca_reads_aarch64_loops_and_their_dot_products():
+    # --arm: aarch64's backward branches (b.ne, cbnz with a register) delimit the
+    # loops, and each dot-product instruction counts its own multiply-accumulates
+    mca = _bench_script("mca_prefill")
+    asm = "\n".join([
+        "f:", ".LBB1_1:", "\tsdot\tv0.4s, v1.16b, v2.16b", ".LBB1_2:",
+        "\tsmlal\tv3.4s, v4.4h, v5.4h", "\tsmlal2\tv3.4s, v4.8h, v5.8h",
+        "\tsmull\tv6.8h, v7.8b, v8.8b", "\tsubs\tx9, x9, #1",
+        "\tcbnz\tx9, .LBB1_2  // loop", "\tb.ne\t.LBB1_1", "\tret", ".Lfunc_end1:",
+        "g:", ".LBB2_1:", "\tsmmla\tv0.4s, v1.16b, v2.16b", "\tsdot\tv3.4s, v1.16b, v2.16b",
+        "\ttbnz\tw8, #0, .LBB2_1", ".Lfunc_end2:"])
+    loop = mca.innermost_loop(asm, "f", mca.ARM_DOT)
+    assert loop[0] == "\tsmlal\tv3.4s, v4.4h, v5.4h" and len(loop) == 5
+    assert mca.macs(loop) == 4 + 4 + 8
+    assert mca.macs(mca.innermost_loop(asm, "g", mca.ARM_DOT)) == 32 + 16
+    with pytest.raises(ValueError):                 # f has no smmla loop: not a guess
+        mca.innermost_loop(asm, "f", "smmla")
+
+
+def test_mca_compiles_the_generic_packed_gemm_for_aarch64():
+    # the generic level's tile loop as LLVM compiles it for an Apple M1: 8 activation
+    # rows x 8 weight rows x 32 elements, on NEON's widening multiply-adds (no x86
+    # intrinsic leaks into an aarch64 module)
+    import llvmlite.binding as ll
+
+    from fucina_course.quant import isa
+    from fucina_course.quant._int_packed import TILE, lanes
+
+    ll.initialize_all_targets()
+    try:
+        ll.Target.from_triple("aarch64-unknown-linux-gnu")
+    except RuntimeError:
+        pytest.skip("this llvmlite has no AArch64 target")
+    mca = _bench_script("mca_prefill")
+    loop = mca.fucina_loop_arm("apple-m1")
+    assert mca.macs(loop) == TILE * lanes(isa.GENERIC) * 32 == 2048
+    assert not any("pmadd" in t for t in loop)
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                     reason="the x86 kernels' assembly")
 def test_mca_finds_the_packed_gemm_tile_loop():
