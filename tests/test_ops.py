@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from numba import njit
 
 from fucina_course import attention, ops
 from fucina_course.kv_cache import KvCache
@@ -129,6 +130,50 @@ def test_future_keys_do_not_leak():
     k2[3:], v2[3:] = 99.0, -99.0
     b = attention.causal_attention(q, k2, v2, 0, 0.2)
     np.testing.assert_array_equal(a[:3], b[:3])
+
+
+@pytest.mark.parametrize("q_pos0", [0, 4])
+def test_causal_attention_in_query_blocks(monkeypatch, q_pos0):
+    # a block of queries is multiplied only by the keys its last query sees: blocks of
+    # 5 must give what one block gives, and what the plain loop gives, for queries
+    # that start at 0 and later (a chunked prompt)
+    n, H, KV, D = 23, 4, 2, 16
+    q = rng.standard_normal((n, H, D)).astype(np.float32)
+    k, v = (rng.standard_normal((q_pos0 + n, KV, D)).astype(np.float32) for _ in range(2))
+    whole = attention.causal_attention(q, k, v, q_pos0, 0.25)
+    monkeypatch.setattr(attention, "QUERY_BLOCK", 5)
+    blocks = attention.causal_attention(q, k, v, q_pos0, 0.25)
+    np.testing.assert_allclose(blocks, whole, rtol=0, atol=1e-6)
+    q16, k16, v16 = (attention.f16_round(a).astype(np.float64) for a in (q, k, v))
+    out = blocks.reshape(n, H, D)
+    for i in (0, 4, 5, 9, 10, 22):                  # each side of a block's edge
+        for h in range(H):
+            s = k16[: q_pos0 + i + 1, h // 2] @ q16[i, h] * 0.25
+            p = np.exp(s - s.max())
+            want = (p / p.sum()) @ v16[: q_pos0 + i + 1, h // 2]
+            np.testing.assert_allclose(out[i, h], want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("count", [1, 15, 16, 17, 41, 1000])
+def test_softmax_row_max_sees_every_score(count):
+    # the row max is taken 16 scores at a time, then the tail: a wrong max (a score
+    # left out) makes exp overflow to inf and the probabilities NaN, or all zero
+    from fucina_course.quant._intrinsics import block16_max
+
+    for where in {0, count // 2, count - 1}:
+        row = np.zeros(1000, np.float32)
+        row[where] = 500.0
+        attention._softmax_f16(row, count, np.float32(1.0))
+        want = np.zeros(count)
+        want[where] = 1.0
+        np.testing.assert_array_equal(row[:count], want)
+    max16 = njit(lambda x, o, top: block16_max(x, o, top))     # an intrinsic: compiled
+    x = rng.standard_normal(64).astype(np.float32)
+    x[[3, 40]] = [np.inf, -np.inf]
+    assert max16(x, 0, np.float32(-np.inf)) == np.inf
+    assert max16(x, 16, np.float32(-7.0)) == x[16:32].max()
+    assert max16(x, 32, np.float32(9.0)) == 9.0
+    assert max16(x, 48, np.float32(-np.inf)) == x[48:].max()
 
 
 @pytest.mark.parametrize("cache_type,atol", [("f16", 2e-3), ("q8_0", 1e-2)])

@@ -1,4 +1,4 @@
-"""Seven tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
+"""Eight tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
 
 * `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba
   cannot take `float16` arrays in CPU kernels, so the kernels read a half as two bytes
@@ -21,6 +21,10 @@
   chain of `max` into branches (x86's cmov conversion), mispredicted on real data:
   256 x 1024 Q8_0 activations took 693-697 us, with these 91-117, bit for bit the
   same (one slow hour, docs/BENCHMARKS.md).
+* `block16_max(x, o, top)`: max(top, x[o:o+16]) as one `<16 x float>` reduction
+  (`llvm.vector.reduce.fmax`, then `llvm.maxnum`; a NaN is skipped, as maxnum does).
+  The softmax's row maximum (attention.py): numba's `max` in a loop is a chain of
+  scalar maxima, one after the other, which no flag let LLVM vectorize.
 
 `tests/test_quant.py` checks the two conversions exhaustively (all 65,536 halves)
 against numpy.
@@ -39,6 +43,7 @@ _F32 = ir.FloatType()
 _V32I = ir.VectorType(_I32, 32)
 _V32F = ir.VectorType(_F32, 32)
 _V32B = ir.VectorType(ir.IntType(8), 32)
+_V16F = ir.VectorType(_F32, 16)
 
 
 @intrinsic
@@ -187,5 +192,23 @@ def block32_quantize(typingctx, x, o, scale, q):
         builder.store(builder.trunc(qi, _V32B), pq, align=1)
         add = _llvm_function(builder, "llvm.vector.reduce.add.v32i32", _I32, [_V32I])
         return builder.call(add, [qi])
+
+    return sig, codegen
+
+
+@intrinsic
+def block16_max(typingctx, x, o, top):
+    """The largest of `top` and x[o:o+16] (float32; NaNs skipped, as llvm.maxnum)."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32
+            and isinstance(o, types.Integer) and top == types.float32):
+        return None
+    sig = types.float32(x, o, top)
+
+    def codegen(context, builder, signature, args):
+        p = _block(context, builder, signature.args[0], args[0], args[1], _V16F)
+        fmax = _llvm_function(builder, "llvm.vector.reduce.fmax.v16f32", _F32, [_V16F])
+        maxnum = _llvm_function(builder, "llvm.maxnum.f32", _F32, [_F32, _F32])
+        block = builder.call(fmax, [builder.load(p, align=4)])
+        return builder.call(maxnum, [args[2], block])
 
     return sig, codegen
