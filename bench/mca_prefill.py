@@ -170,24 +170,17 @@ def fucina_loop_arm(cpu: str) -> list[str]:
     """The generic level's Q8_0 packed GEMM loop as LLVM compiles it for an aarch64 `cpu`
     (the module's triple is what makes the IR helpers leave x86's SSE2 / SSSE3
     intrinsics out: _ir.madd_host)."""
-    import llvmlite.binding as ll
     from gguf import GGMLQuantizationType as T
     from llvmlite import ir
 
-    from fucina_course.quant import isa
+    from fucina_course.quant import _jit, isa
     from fucina_course.quant._int import IntKernels
 
-    ll.initialize_all_targets()
-    ll.initialize_all_asmprinters()
     mod = ir.Module("mca_arm")
     mod.triple = ARM_TRIPLE
     IntKernels(T.Q8_0, isa.GENERIC).build(mod)
-    tm = ll.Target.from_triple(ARM_TRIPLE).create_target_machine(cpu=cpu, opt=3)
-    llmod = ll.parse_assembly(str(mod), context=ll.create_context())
-    llmod.triple, llmod.data_layout = tm.triple, str(tm.target_data)
-    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=3))
-    pb.getModulePassManager().run(llmod, pb)
-    return innermost_loop(tm.emit_assembly(llmod), "q8_0_generic_packed", ARM_DOT)
+    asm = _jit.assembly_for(mod, ARM_TRIPLE, cpu)
+    return innermost_loop(asm, "q8_0_generic_packed", ARM_DOT)
 
 
 def llama_loop_arm(build: str, cpu: str, clang: str) -> tuple[str, list[str]]:

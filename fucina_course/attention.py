@@ -125,9 +125,9 @@ def causal_attention(q, k, v, q_pos0: int, scale: float) -> np.ndarray:
     kt = by_kv_head_f16(k, n_kv)                                          # [kv, ctx, d]
     vt = by_kv_head_f16(v, n_kv)                                          # [kv, ctx, d]
     out = np.empty((n_kv, n * g, d), np.float32)                          # [kv, n*g, d]
-    for i in range(0, n, QUERY_BLOCK):                # queries i .. i + QUERY_BLOCK - 1
-        rows = slice(i * g, min(n, i + QUERY_BLOCK) * g)
-        seen = q_pos0 + min(n, i + QUERY_BLOCK)      # keys 0 .. the block's last query
+    for i in range(0, n, QUERY_BLOCK):
+        end = min(n, i + QUERY_BLOCK)                 # queries i .. end - 1
+        rows, seen = slice(i * g, end * g), q_pos0 + end  # seen: keys the last sees
         scores = np.matmul(qg[:, rows], kt[:, :seen].transpose(0, 2, 1))   # [kv,r,seen]
         _causal_softmax_f16(scores, g, q_pos0 + i, np.float32(scale))    # probabilities
         np.matmul(scores, vt[:, :seen], out=out[:, rows])

@@ -763,21 +763,6 @@ def test_levels_emit_only_their_instructions(t):
             assert "vpdpbusd" not in code and "%ymm" in code, (t.name, lv)
 
 
-def _asm_for(mod, triple: str, cpu: str, features: str = "") -> str:
-    """`mod` (an llvmlite ir.Module) optimized and compiled for another target."""
-    import llvmlite.binding as ll
-
-    ll.initialize_all_targets()
-    ll.initialize_all_asmprinters()
-    tm = ll.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
-                                                             opt=3)
-    llmod = ll.parse_assembly(str(mod))
-    llmod.triple, llmod.data_layout = tm.triple, str(tm.target_data)
-    pb = ll.create_pass_builder(tm, ll.create_pipeline_tuning_options(speed_level=3))
-    pb.getModulePassManager().run(llmod, pb)
-    return tm.emit_assembly(llmod)
-
-
 @pytest.mark.parametrize("t", GENERIC_IR_TYPES, ids=lambda t: t.name)
 def test_generic_ir_kernels_are_portable(t):
     # The generic level's IR kernels name no target intrinsic, so LLVM compiles them
@@ -801,21 +786,21 @@ def test_generic_ir_kernels_are_portable(t):
         assert byte_products == (triple.startswith("x86") and t != T.Q8_0), t.name
         if triple.startswith("aarch64"):
             assert "llvm.x86" not in text
-            arm = _asm_for(mod, triple, "neoverse-n1")
+            arm = _jit.assembly_for(mod, triple, "neoverse-n1")
             assert re.search(r"\b(smull2?|mul)\s+v\d+\.(8h|4s)", arm), t.name
             assert re.search(r"\bfcvtl\b|\bfcvt\s+s\d+, h\d+", arm), t.name  # f16
             assert not re.search(r"\n\s*bl\s", arm), t.name
         else:
-            x86 = _asm_for(mod, triple, "haswell")
+            x86 = _jit.assembly_for(mod, triple, "haswell")
             assert "vpmaddwd" in x86 and "vcvtph2ps" in x86, t.name
             assert not re.search(r"\n\s*call", x86), t.name
             assert ("vpmaddubsw" in x86) == byte_products, t.name   # ymm on haswell
             # AVX and F16C but no FMA (Sandy / Ivy Bridge): a mul and an add, never
             # a call to libm's fmaf per lane (_ir.fma)
-            ivy = _asm_for(mod, triple, "ivybridge")
+            ivy = _jit.assembly_for(mod, triple, "ivybridge")
             assert "vcvtph2ps" in ivy and "vfmadd" not in ivy, t.name
             assert not re.search(r"\n\s*call", ivy), t.name
-            sse = _asm_for(mod, triple, "x86-64", "+ssse3")  # no AVX: xmm pmaddwd
+            sse = _jit.assembly_for(mod, triple, "x86-64", "+ssse3")  # no AVX: xmm pmaddwd
             assert "pmaddwd" in sse and "vpmaddwd" not in sse, t.name
             assert ("pmaddubsw" in sse) == byte_products, t.name
             assert "vpmaddubsw" not in sse and "ymm" not in sse, t.name

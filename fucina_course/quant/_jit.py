@@ -106,7 +106,12 @@ def _optimized(mod: ir.Module, level: str):
     tm = target_machine(level)
     tune = isa.target(level)[2]
     text = str(mod).replace(") nounwind\n{", f') nounwind "tune-cpu"="{tune}"\n{{')
-    # a context of its own: numba may be compiling in another thread (startup.py)
+    return tm, _optimize(text, tm)
+
+
+def _optimize(text: str, tm):
+    """LLVM IR `text` parsed and optimized with -O3 for the target machine `tm`.  In a
+    context of its own: numba may be compiling in another thread (startup.py)."""
     llmod = ll.parse_assembly(text, context=ll.create_context())
     llmod.triple = tm.triple
     llmod.data_layout = str(tm.target_data)
@@ -114,7 +119,19 @@ def _optimized(mod: ir.Module, level: str):
     pto = ll.create_pipeline_tuning_options(speed_level=3)
     pb = ll.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(llmod, pb)
-    return tm, llmod
+    return llmod
+
+
+def assembly_for(mod: ir.Module, triple: str, cpu: str, features: str = "") -> str:
+    """The assembly of `mod` optimized and compiled for another target: a CPU model of
+    any architecture LLVM knows (tests/test_quant.py's portability checks,
+    bench/mca_prefill.py's ARM models).  `mod`'s triple should be `triple`: the IR
+    helpers choose x86 intrinsics by it (_ir.madd_host)."""
+    ll.initialize_all_targets()
+    ll.initialize_all_asmprinters()
+    tm = ll.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
+                                                             opt=3)
+    return tm.emit_assembly(_optimize(str(mod), tm))
 
 
 def compile_module(mod: ir.Module, level: str) -> bytes:
