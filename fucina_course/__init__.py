@@ -109,7 +109,7 @@ _PUBLIC = {
         "UnsupportedFormat",
         "ShapeMismatch", "TokenizerError", "InvalidSequenceLength", "KvCacheOverflow",
         "KvCacheHeadDimNotBlockAligned", "ContextFull", "ModelNotFound",
-        "DownloadError", "NonFiniteValues")},
+        "DownloadError", "NonFiniteValues", "TapeMismatch")},
 }
 
 __all__ = sorted(_PUBLIC)

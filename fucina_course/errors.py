@@ -48,6 +48,11 @@ class NonFiniteValues(FucinaError):
     """
 
 
+class TapeMismatch(FucinaError):
+    """A replayed decode step differed from the blocks it was recorded from (the
+    debug check `Model.check_tape_every` / FUCINA_CHECK_TAPE): the tape was stale."""
+
+
 class InvalidSequenceLength(FucinaError):
     """A forward step was asked to start at a position that is not the cache length."""
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from .ops import swiglu
+from .tape import Watched
 from .weights import FusedLinear, LinearWeight
 
 
-class DenseFfn:
+class DenseFfn(Watched):
     """The SwiGLU feed-forward network: h `[n, hidden]` -> `[n, hidden]`."""
 
     def __init__(self, gate_up: FusedLinear, down: LinearWeight):

@@ -57,14 +57,14 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from types import SimpleNamespace
-from typing import ClassVar
 from pathlib import Path
 
 import numpy as np
 
 from .attention import Segment, attend
 from .config import Config
-from .errors import FucinaError, InvalidSequenceLength, NonFiniteValues, TokenizerError
+from .errors import (FucinaError, InvalidSequenceLength, NonFiniteValues, TapeMismatch,
+                     TokenizerError)
 from .gguf_file import GGUFFile
 from .kv_cache import KvCache
 from .ffn import DenseFfn
@@ -72,16 +72,15 @@ from .moe import MoeFfn, check_top_p, load_moe_ffn
 from .ops import RopeTable, apply_rope, rms_norm
 from . import validate
 from .quant import isa
-from .tape import Tape
+from .tape import Tape, Watched
 from .weights import FusedLinear, LinearWeight, WeightReader
 from .workspace import NO_WORKSPACE, Workspace
 
 
 @dataclass
-class Layer:
-    """One block's weights, GGUF tensors `blk.{i}.*`; matrices are [out, in]."""
-
-    edits: ClassVar[int] = 0     # counts every assignment (a recorded tape is stale)
+class Layer(Watched):
+    """One block's weights, GGUF tensors `blk.{i}.*`; matrices are [out, in].
+    (`Watched`: assigning an attribute makes a recorded decode step stale.)"""
 
     attn_norm: np.ndarray        # [hidden]
     qkv: FusedLinear             # Wq [H*D, hidden]; Wk, Wv [KVH*D, hidden]
@@ -90,10 +89,6 @@ class Layer:
     attn_out: LinearWeight       # Wo [hidden, H*D]
     ffn_norm: np.ndarray         # [hidden]
     ffn: DenseFfn | MoeFfn       # h [n, hidden] -> [n, hidden]
-
-    def __setattr__(self, name, value):
-        Layer.edits += 1
-        object.__setattr__(self, name, value)
 
 
 @dataclass
@@ -171,6 +166,10 @@ class Model:
         self.replay_decode = True       # False: no tape, the blocks run every step
         self._local = threading.local()  # this thread's workspace and tape
         self._tape_epoch = 0            # forget_tape
+        # Debug: every N-th replayed decode step also runs the blocks and compares
+        # (TapeMismatch); 0 = off.  FUCINA_CHECK_TAPE=N sets it for every model.
+        self.check_tape_every = _env_int("FUCINA_CHECK_TAPE")
+        self._replays = 0
 
     # --- loading ----------------------------------------------------------------------
 
@@ -323,20 +322,49 @@ class Model:
 
     def _forward(self, ids: np.ndarray, segments: list[Segment], last_only: bool,
                  per_row: bool = False) -> np.ndarray:
+        """The one forward pass.  All or nothing: the caches advance (their new rows
+        become part of the sequence) only once the logits are computed and finite,
+        so a step that raises anywhere -- a kernel, non-finite logits, Ctrl-C --
+        leaves every cache as it was, and a caller's list of ids stays the cache's."""
         step, tape = self._step(segments, len(ids), per_row)
         try:
             x = self._timed("embedding", self._embed, ids, tape)          # [n, hidden]
             if tape is not None and tape.blocks:   # a decode step, recorded before:
-                x = tape.replay(step)              # its kernel calls again (tape.py)
+                x = self._replay(tape, step, ids)  # its kernel calls again (tape.py)
             else:
                 x = self._layers(x, step, last_only, tape)
-            for s in segments:
-                s.cache.advance(s.stop - s.start)
+                if tape is not None:   # recorded to the end: now later steps use it
+                    self._local.tape = tape
             step.stage = "lm_head"
             logits = self._timed(step.stage, self._logits, x, step)   # [rows, vocab]
         except (ZeroDivisionError, FloatingPointError):
             raise self._non_finite(step.stage) from None
-        return validate.check_logits(logits, self.path)
+        logits = validate.check_logits(logits, self.path)
+        for s in segments:
+            s.cache.advance(s.stop - s.start)
+        return logits
+
+    def _replay(self, tape: Tape, step: Step, ids: np.ndarray) -> np.ndarray:
+        """The tape's layers; every `check_tape_every`-th replay also runs the blocks
+        on the same input and compares the two, bit for bit (`TapeMismatch`)."""
+        x = tape.replay(step)                                          # [1, hidden]
+        every = self.check_tape_every
+        if not every:
+            return x
+        self._replays += 1
+        if self._replays % every:
+            return x
+        replayed = x.copy()
+        # The blocks write the same K/V rows (the cache has not advanced) and the
+        # same workspace buffers; only the residual stream is a fresh array.
+        x = self._layers(self._embed(ids, None), step, True, None)
+        if not np.array_equal(x, replayed):
+            self._local.tape = None       # recorded again at the next step
+            worst = float(np.max(np.abs(x - replayed)))
+            raise TapeMismatch(f"{self.path.name}: the replayed decode step differs "
+                               f"from the blocks (max |diff| {worst:.3g} in the "
+                               "residual stream): the tape was stale; it is dropped")
+        return x
 
     def _layers(self, x: np.ndarray, step: Step, last_only: bool,
                 tape: Tape | None) -> np.ndarray:
@@ -387,22 +415,37 @@ class Model:
         return tape.x
 
     def _tape(self, ws: Workspace | None) -> Tape | None:
-        """This thread's recorded decode step, if still valid (same workspace, level,
-        config and layers; `forget_tape`), else a new one to record; None when the
-        blocks must run as they are (`replay_decode` off, profiling, check_numerics,
-        no workspace)."""
+        """This thread's recorded decode step, if still valid (`_tape_key`), else a
+        new one for this step to record: `_forward` publishes it (makes it this
+        thread's) only once the recording ran to the end, so a step interrupted
+        half-way (Ctrl-C, an error in a kernel) leaves no half a tape for the next
+        steps to replay.  None when the blocks must run as they are (`replay_decode`
+        off, profiling, check_numerics, no workspace)."""
         if (ws is None or not self.replay_decode or self.profile is not None
                 or self.check_numerics):
             return None
-        key = (id(ws), isa.level, id(self.config), Layer.edits, self._tape_epoch)
+        key, held = self._tape_key(ws)
         tape = getattr(self._local, "tape", None)
-        if tape is None or tape.key != key:
-            cfg = self.config
-            tape = self._local.tape = Tape(
-                key, ws, cfg, np.empty((1, cfg.hidden_size), np.float32), [None],
-                np.empty((1, cfg.head_dim // 2), np.float32),
-                np.empty((1, cfg.head_dim // 2), np.float32))
-        return tape
+        if tape is not None and tape.key == key:
+            return tape
+        cfg = self.config
+        return Tape(key, held, ws, cfg, np.empty((1, cfg.hidden_size), np.float32),
+                    [None], np.empty((1, cfg.head_dim // 2), np.float32),
+                    np.empty((1, cfg.head_dim // 2), np.float32))
+
+    def _tape_key(self, ws: Workspace) -> tuple[tuple, tuple]:
+        """What a recorded step depends on, and the objects behind its ids: the
+        level, the edits of every `Watched` object (a layer, its projections and
+        FFN, at any depth: tape.py), `forget_tape`'s epoch, and the identities of
+        the workspace, the config, the block functions, the list of layers and each
+        layer in it.  So dropping or swapping layers (`model.layers[:-1]`), assigning
+        `layer.ffn.down`, or replacing the module's `attention_block` records the
+        step again; only a weight changed in place needs `forget_tape()`.  The tape
+        keeps `held` alive, so an id in its key is never a freed object's, reused."""
+        held = (ws, self.config, attention_block, ffn_block, self.layers)
+        key = (isa.level, Watched.edits, self._tape_epoch, *map(id, held),
+               *map(id, self.layers))
+        return key, held
 
     def forget_tape(self) -> None:
         """Record the decode step again (after changing weights in place: the tape
@@ -473,6 +516,16 @@ class Model:
                 "positions (pos0 must equal the cache length)")
         cache.check_room(n)
         return cache
+
+
+def _env_int(name: str) -> int:
+    """A non-negative integer from the environment (unset or empty: 0)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise FucinaError(f"{name} must be a non-negative integer, got {raw!r}")
+    return int(raw)
 
 
 def set_threads(threads: int) -> None:

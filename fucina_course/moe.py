@@ -57,6 +57,7 @@ from . import quant
 from .errors import FucinaError
 from .ffn import DenseFfn
 from .ops import swiglu
+from .tape import Watched
 from .weights import FusedLinear
 
 NORM_SUM_FLOOR = np.float32(6.103515625e-5)  # ggml clamps the weight sum here (2^-14)
@@ -188,7 +189,7 @@ class RoutingLog:
         return [len(np.unique(e[e >= 0])) for e in self.experts[layer]]
 
 
-class MoeFfn:
+class MoeFfn(Watched):
     """The FFN of a MoE layer: h `[n, hidden]` -> `[n, hidden]`, like `DenseFfn`.
 
     `experts[e]` is itself a dense SwiGLU FFN (ffn.DenseFfn) over expert e's slice of

@@ -25,10 +25,20 @@ block itself.
 
 Invariant: a replayed step computes exactly what the recorded blocks compute (the same
 kernels on the same arguments in the same order; tests/test_workspace.py compares the
-logits bit for bit).  A tape is valid for one thread, one workspace, one
-instruction-set level, one config and the weight arrays it saw: `Model._tape` records
-again when the workspace, level or config object changes or a layer's attribute is
-assigned; a weight changed in place needs `Model.forget_tape()`.  Profiling,
+logits bit for bit).  Two rules keep it true:
+
+* A tape is used only once it is complete.  A recording interrupted half-way (Ctrl-C
+  during the first token, an error in a kernel) would replay its first layers only,
+  and every later token would be silently wrong; so `Model._forward` publishes a
+  tape as the thread's only after the recording step ran through every layer.
+* A tape is valid for one thread, one workspace, one instruction-set level, one
+  config and the objects it saw: `Model._tape_key` records again when the list of
+  layers or one of its items, or the block functions are replaced, or when any
+  attribute of a `Watched` object (a layer, its projections, its FFN, at any depth)
+  is assigned; a weight changed in place needs `Model.forget_tape()`.
+
+`Model.check_tape_every = N` (or FUCINA_CHECK_TAPE=N) checks both: every N-th replay
+also runs the blocks and compares, bit for bit (`TapeMismatch`).  Profiling,
 `check_numerics` and `Model.replay_decode = False` run the blocks every step.
 
 Measured after (same process, the two alternating, 60 rounds of 8 tokens): SmolLM2 at
@@ -60,14 +70,34 @@ def fresh() -> None:
         _local.fresh = True
 
 
+class Watched:
+    """Base of the objects a recorded step reads its arguments from (model.Layer,
+    ffn.DenseFfn, moe.MoeFfn, the weights' products): assigning any attribute of one,
+    at load or later (`layer.ffn.down = ...`), counts in `Watched.edits`, part of a
+    tape's key, so the next decode step is recorded again.
+
+    Rejected alternative: snapshot the identities of every layer's attributes each
+    step.  It saw one level down only, and cost ~30-60 us a step on SmolLM2's 30
+    layers (~1% of a token); an edit counter is one integer compared, and nothing
+    assigns these attributes while decoding."""
+
+    __slots__ = ()
+    edits = 0
+
+    def __setattr__(self, name, value):
+        Watched.edits += 1
+        object.__setattr__(self, name, value)
+
+
 class Tape:
     """One thread's recorded one-token step: per block, its kernel calls and the buffer
     its result is in (or the block itself, to call again)."""
 
-    def __init__(self, key: tuple, workspace, config, x: np.ndarray, segments: list,
-                 cos: np.ndarray, sin: np.ndarray):
-        self.key = key                      # what it was recorded for (Model._tape)
-        self.workspace, self.config = workspace, config   # (kept: their ids are in key)
+    def __init__(self, key: tuple, held: tuple, workspace, config, x: np.ndarray,
+                 segments: list, cos: np.ndarray, sin: np.ndarray):
+        self.key = key                      # what it was recorded for: Model._tape_key
+        self.held = held                    # the objects whose ids are in key, kept
+        self.workspace, self.config = workspace, config   # alive (no id is reused)
         self.x = x                          # the residual stream's buffer [1, hidden]
         self.segments = segments            # the recorded attention calls read [0]
         self.cos, self.sin = cos, sin       # the RoPE angles' buffers [1, D/2]

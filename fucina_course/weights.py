@@ -40,14 +40,14 @@ from . import quant
 from .quant import isa
 from .errors import ShapeMismatch
 from .gguf_file import GGUFFile, TensorInfo
-from .tape import call, fresh
+from .tape import Watched, call, fresh
 
 
 _UNBOUND = (None, None)
 _F32 = np.dtype(np.float32)
 
 
-class _Product:
+class _Product(Watched):
     """y = x @ W.T (+ b) for a matrix in its block format: the one multiply of
     `LinearWeight` and of each group of a `FusedLinear`.
 
@@ -120,7 +120,7 @@ class LinearWeight(_Product):
         return quant.dequantize_rows(info.data, info.ggml_type, self.n_in, ids)
 
 
-class FusedLinear:
+class FusedLinear(Watched):
     """Projections of the same input, one kernel call per run of parts of one format."""
 
     def __init__(self, parts: list[LinearWeight]):

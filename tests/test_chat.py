@@ -349,6 +349,33 @@ def test_interrupted_answer_keeps_a_consistent_conversation(model):
     assert "Paris" in conv.send(QUESTION).text
 
 
+def test_a_failed_step_leaves_ids_and_cache_aligned(model, monkeypatch):
+    """A forward step that fails (here: its logits come out non-finite, the last
+    check of a step) changes neither the cache nor the conversation's ids: a
+    decode step, a prefill and a batch step each raise and leave them aligned, and
+    the conversation then answers as a fresh one does (the server reuses a slot's
+    conversation for the next request in the same way)."""
+    from fucina_course import NonFiniteValues
+
+    conv, other = greedy_conversation(model), greedy_conversation(model)
+    conv.send(QUESTION)
+    other.send("Hello")
+    held = conv.tokens
+    monkeypatch.setattr(model, "output_norm", np.full_like(model.output_norm, np.inf))
+    for step in (lambda: Conversation.step([conv], [held[-1]]),
+                 lambda: conv.extend(held[-3:]),
+                 lambda: Conversation.step([conv, other], [11, 12])):
+        with pytest.raises(NonFiniteValues):
+            step()
+        assert conv.tokens == held and conv.cache.len == len(held)
+        assert other.cache.len == len(other.tokens)
+    monkeypatch.undo()
+    again = conv.send("And of Italy?")
+    fresh = greedy_conversation(model)
+    fresh.send(QUESTION)
+    assert again.text == fresh.send("And of Italy?").text
+
+
 # --- the command --------------------------------------------------------------------
 
 def test_cli_chat_answers_paris():

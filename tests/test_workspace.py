@@ -263,8 +263,132 @@ def test_a_block_that_makes_temporaries_is_called_again():
         tape.call(np.add, x, 1.0, buffer)
         return buffer
 
-    t = tape.Tape((), ws, None, np.zeros((1, 4), np.float32), [None], None, None)
+    t = tape.Tape((), (), ws, None, np.zeros((1, 4), np.float32), [None], None, None)
     t.record("ffn", block, np.ones((1, 4), np.float32))
     assert t.blocks[0][1] is None              # no calls kept: the block is called
     t.replay(SimpleNamespace(stage=""))
     assert np.array_equal(t.x, np.full((1, 4), 2.0))
+
+
+def test_an_interrupted_first_decode_step_leaves_no_half_tape(smollm_path, monkeypatch):
+    """Ctrl-C in the middle of the first one-token step (the one that records the
+    tape): the next generation on the same model object equals a fresh model's.
+    Before the tape was published only once complete, the interrupted step left a
+    tape of its first layers, and SmolLM2 went on with [7042, 28, 216, 28, ...]
+    instead of [7042, 30, 198, 198, ...]: silently wrong text, forever."""
+    import fucina_course.model as model_mod
+
+    fresh = Model.load(smollm_path)
+    prompt = fresh.tokenizer.encode("The capital of France is")
+    want = fresh.generate(prompt, 10)
+
+    model = Model.load(smollm_path)
+    cache = model.new_cache(32)
+    model.forward_step(prompt, 0, cache)
+    calls, norm = [0], model_mod.rms_norm
+
+    def interrupted_norm(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] == len(model.layers) + 1:   # two norms a layer: half-way through
+            raise KeyboardInterrupt
+        return norm(*args, **kwargs)
+
+    monkeypatch.setattr(model_mod, "rms_norm", interrupted_norm)
+    with pytest.raises(KeyboardInterrupt):
+        model.forward_step([want[0]], cache.len, cache)
+    monkeypatch.setattr(model_mod, "rms_norm", norm)
+    assert calls[0] > 4, "the step was not interrupted inside the layers"
+    assert cache.len == len(prompt), "the interrupted step advanced the cache"
+    assert getattr(model._local, "tape", None) is None, "a half tape was published"
+    assert model.generate(prompt, 10) == want
+
+
+def test_the_tape_sees_replaced_layers_ffn_parts_and_blocks(synth_dir, monkeypatch):
+    """What a recorded step depends on beyond `Layer`'s own attributes: the list of
+    layers (the last ones dropped), an FFN's own attribute (its down projection
+    swapped for another layer's), and the module's block functions.  After each
+    change the next decode step equals the blocks run without a tape."""
+    import fucina_course.model as model_mod
+
+    model = Model.load(tiny_model("Q8_0", synth_dir))
+    prompt, tok = _ids(6, 40), 17
+
+    def decode(reference: bool):
+        cache = model.new_cache(12)
+        model.reuse_buffers = not reference      # no workspace: no tape at all
+        try:
+            model.forward_step(prompt, 0, cache)
+            model.forward_step([tok], cache.len, cache)
+            return model.forward_step([tok], cache.len, cache)
+        finally:
+            model.reuse_buffers = True
+
+    before = decode(False)
+    assert np.array_equal(before, decode(True))
+    last = model.layers[-1]
+    model.layers = model.layers[:-1]                                  # a shorter model
+    dropped = decode(False)
+    assert np.array_equal(dropped, decode(True))
+    assert not np.array_equal(dropped, before)
+    model.layers[0].ffn.down = last.ffn.down                          # inside the FFN
+    swapped = decode(False)
+    assert np.array_equal(swapped, decode(True))
+    assert not np.array_equal(swapped, dropped)
+    ffn_block = model_mod.ffn_block
+    monkeypatch.setattr(model_mod, "ffn_block",
+                        lambda *a: ffn_block(*a) * np.float32(0.5))   # a new block
+    halved = decode(False)
+    assert np.array_equal(halved, decode(True))
+    assert not np.array_equal(halved, swapped)
+
+
+def test_the_debug_check_catches_a_stale_tape(synth_dir):
+    """`check_tape_every = 1`: each replayed step also runs the blocks.  A tape that
+    lost its last block (what an interrupted recording used to leave) is caught at
+    the first replay, dropped, and the step after is right again."""
+    from fucina_course import TapeMismatch
+
+    model = Model.load(tiny_model("Q8_0", synth_dir))
+    model.check_tape_every = 1
+    prompt, tok = _ids(6, 41), 23
+    cache = model.new_cache(12)
+    model.forward_step(prompt, 0, cache)
+    model.forward_step([tok], cache.len, cache)                       # recorded
+    assert model._replays == 0
+    model.forward_step([tok], cache.len, cache)                       # replayed, checked
+    assert model._replays == 1
+    del model._local.tape.blocks[-1]                                  # made stale
+    at = cache.len
+    with pytest.raises(TapeMismatch, match="differs from the blocks"):
+        model.forward_step([tok], cache.len, cache)
+    assert cache.len == at and getattr(model._local, "tape", None) is None
+    ours = model.forward_step([tok], cache.len, cache)                # recorded again
+    model.reuse_buffers = False
+    ref_cache = model.new_cache(12)
+    model.forward_step(prompt, 0, ref_cache)
+    for _ in range(cache.len - len(prompt) - 1):
+        model.forward_step([tok], ref_cache.len, ref_cache)
+    ref = model.forward_step([tok], ref_cache.len, ref_cache)
+    model.reuse_buffers = True
+    assert np.array_equal(ours, ref)
+
+
+def test_a_failed_step_leaves_every_cache_as_it_was(synth_dir):
+    """All or nothing: a step whose logits come out non-finite (the last check of a
+    step) raises, and neither a prefill, a decode step nor a batch of streams has
+    advanced a cache; after the cause is gone the same calls go on from there."""
+    model = Model.load(tiny_model("Q8_0", synth_dir))
+    good = model.output_norm
+    a, b = model.new_cache(16), model.new_cache(16)
+    model.forward_step(_ids(5, 42), 0, a)
+    model.forward_step(_ids(3, 43), 0, b)
+    model.output_norm = np.full_like(good, np.inf)
+    for call in (lambda: model.forward_step([5], a.len, a),
+                 lambda: model.forward_step(_ids(4, 44), a.len, a),
+                 lambda: model.forward_step_batch([5, 6], [a, b])):
+        with pytest.raises(NonFiniteValues):
+            call()
+        assert (a.len, b.len) == (5, 3)
+    model.output_norm = good
+    assert np.isfinite(model.forward_step_batch([5, 6], [a, b])).all()
+    assert (a.len, b.len) == (6, 4)
