@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 CHAPTERS = Path(__file__).resolve().parent / "book" / "chapters"
 

@@ -162,7 +162,7 @@ def bench_format(t, args, rng) -> None:
         print(f"  {n_in:>5} -> {n_out:<6} decode " + rates(times, w.nbytes), flush=True)
         if args.prefill and n_out < 100_000:
             bench_prefill(w, args, rng)
-        del w
+        w = None               # freed before the next matrix is made
     small = make(rng, t, 1024, 128)
     y = np.empty(128, np.float32)
     times = best_of_modes(lambda: matvec(small, xs[1024], out=y), modes,

@@ -153,7 +153,8 @@ def measure_roofline(threads: int = 2, *, read_bytes: int = 2**30,
         read_all()
         best = min(_seconds(read_all) for _ in range(read_repeats))
     bandwidth = data.nbytes / best / 1e9
-    del data, parts
+    data = parts = None        # freed before the matmuls (not `del`: read_all
+                               # still names them)
     result = {"threads": threads, "bandwidth_gb_s": bandwidth, "sgemm": []}
     for m, n, k in shapes:
         a = np.random.default_rng(0).standard_normal((m, k), dtype=np.float32)

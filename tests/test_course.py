@@ -38,6 +38,28 @@ def test_each_module_imports_alone(module):
     assert result.returncode == 0, result.stderr
 
 
+def test_saved_speculative_accept_runs_its_rejection_branch():
+    """Importing is not running: a name used only inside a function's body is looked
+    up when that line runs (`course_accept` once rejected with an `np` its module never
+    imported; tests/test_lint.py now finds that kind statically).  Run the saved
+    function, outside the notebook, on a guess it must reject, and check what it
+    draws is distributed as the target's p (the rule's promise)."""
+    import numpy as np
+
+    sys.path.insert(0, str(CHAPTERS))
+    try:
+        from course.speculative import course_accept
+    finally:
+        sys.path.remove(str(CHAPTERS))
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.0, 0.1, 0.1, 0.8])         # proposes token 3, which p never picks
+    rng = np.random.default_rng(0)
+    assert {course_accept(p, q, 3, rng) for _ in range(50)} <= {0, 1, 2}
+    drawn = [course_accept(p, q, int(rng.choice(4, p=q)), rng) for _ in range(20_000)]
+    freq = np.bincount(drawn, minlength=4) / len(drawn)
+    assert np.abs(freq - p).max() < 0.02     # > 5 standard errors at 20,000 draws
+
+
 def _chapter(tmp_path: Path, *cells: str) -> Path:
     text = "\n\n".join(f"```{{code-cell}} ipython3\n{c}\n```" for c in cells)
     path = tmp_path / "99_toy.md"

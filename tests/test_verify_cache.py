@@ -41,7 +41,7 @@ def assert_bit_identical(check):
 
 @pytest.mark.parametrize("fmt", ["F32", "Q8_0", "Q4_K", "Q4_1"])
 @pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
-def test_synthetic(fmt, cache_type, synth_dir):
+def test_synthetic(fmt, cache_type, synth_dir):  # noqa: F811  (the fixture)
     model = load(tiny_model(fmt, synth_dir))
     rng = np.random.default_rng(7)
     for n in (1, 8, 9, 64):
