@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -25,6 +26,35 @@ import numpy as np
 def _ids(model, n: int, seed: int) -> list[int]:
     rng = np.random.default_rng(seed)
     return rng.integers(0, min(model.config.vocab_size, 100_000), size=n).tolist()
+
+
+@contextmanager
+def one_thread():
+    """`with one_thread():` numba's kernels *and* BLAS (numpy's OpenBLAS, which prefill
+    attention and float matrices such as a MoE router use) run on one thread; both
+    counts are restored after.
+
+    Why both: a measurement "on one thread" that sets numba's count alone still runs
+    every BLAS call on all cores.  On a 2-core machine with one core busy elsewhere
+    (scripts/stress_book.sh), each such call waits for a BLAS worker the busy core is
+    not running, and the workers then spin after the call, taking the core from the
+    kernels that follow.  Measured on Zen 4 (avx512vnni) with one core spinning,
+    chapter 10's 128-token prefills, best of 7: attention 14-22 ms a prefill instead
+    of 7, and the MoE's FFN (4 router GEMMs) 42 ms instead of 21, so the MoE's lead
+    over its dense-total twin, 3.8x, came out anywhere from 2.3x to 3.7x (and under
+    1.5x on a Zen 5, failing the chapter).  With BLAS on one thread too: 3.8x, as on
+    a quiet machine.  threadpoolctl is how BLAS's count is changed at run time
+    (OpenBLAS reads OPENBLAS_NUM_THREADS only when numpy loads it)."""
+    import numba
+    from threadpoolctl import threadpool_limits
+
+    threads = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
+    finally:
+        numba.set_num_threads(threads)
 
 
 def best_of(fn, *, repeats: int = 5, warmup: int = 1, setup=None):
