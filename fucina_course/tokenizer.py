@@ -15,6 +15,15 @@ The pipeline of `encode`, in order:
    word-like chunks.
 3. **BPE** on each chunk's UTF-8 bytes: start from single bytes and repeatedly fuse the
    adjacent pair with the lowest merge rank (leftmost on ties) until no pair has a rank.
+   `bpe_merge` keeps the candidate pairs in a heap over a linked list of parts, so a
+   chunk of n bytes costs O(n log n).  The rescanning loop it replaced was O(n^2), and
+   long runs of one character class (indentation, a line of dashes, one letter pasted
+   200,000 times) are single chunks: 20,000 x "a" took 2.7 s (llama.cpp: 22 ms), now
+   ~25 ms.  Rejected: keeping the old loop for short chunks behind a size threshold; on
+   ordinary chunks (~6 bytes) the heap costs 2% more, not worth a second implementation
+   (`bpe_merge` has the figures).  A chunk longer than `MAX_CHUNK_BYTES` (256 KiB) is
+   refused with a `TokenizerError`, so no input holds the process for more than ~1 s a
+   chunk.
 4. **Lookup**: every surviving piece is a vocabulary entry; a piece that is not (only
    possible with an inconsistent vocabulary) falls back to its single-byte tokens.
 
@@ -41,6 +50,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
+from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from typing import Iterable, Sequence
 
@@ -56,6 +66,113 @@ log = logging.getLogger(__name__)
 # ~262k; the cap bounds the memory a hostile file can make the tables take.
 MAX_VOCAB = 1 << 21
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+# The longest pre-token chunk BPE will merge: 256 KiB.  Why a cap, why this value:
+# `bpe_merge` is O(n log n) but pure Python, ~2-4 us and ~150 bytes of transient memory
+# per byte of a long chunk.  The worst chunk under the cap, 262,144 spaces (the most
+# heap traffic per byte: ~4 keys, near the bound of `bpe_merge`), took 0.6 s (1.0 s
+# with another job on the second core) and 37 MiB on a 2-core AVX-512 machine; 1 MiB of
+# spaces took 4.5 s and 146 MiB.  Real text never comes near it: the longest chunk of
+# bench/bench_tokenize.py's 1 MB of code and prose is 78 bytes, and a 200 KB
+# one-letter prompt still tokenizes, exactly, in 0.35 s.  What is refused is one run of
+# a character class longer than 256 KiB (one letter, spaces, dashes, a genome pasted
+# with no line break): llama.cpp would give ids for it, we raise a `TokenizerError`
+# naming this limit rather than hold the process.  Below the cap the ids are exact.
+# Rejected: cutting an over-long chunk into pieces (ids silently differ from
+# llama.cpp's), and no cap at all (a 10 MB run would hold the GIL for ~40 s and take
+# ~1.5 GB, extrapolating the figures above).
+MAX_CHUNK_BYTES = 1 << 18
+# `_encode_chunk` remembers only chunks up to this many bytes, so that no key of its
+# 200,000 entries is long (before, a key was a whole chunk, however long): an entry is
+# at most ~700 bytes (a 64-byte key, 64 ids), typically ~200.  Longer chunks barely
+# repeat: 12 of the 254k chunks of the bench's 1 MB text are longer.
+CACHE_CHUNK_BYTES = 64
+_ONE_BYTE = [bytes([b]) for b in range(256)]
+# Links of a chunk's parts as built for short chunks: slices of one shared list
+# (prv = _LINKS[:n], nxt = _LINKS[2:n + 2]) instead of two fresh `range` lists.
+_LINKS = list(range(-1, 4098))
+
+
+def bpe_merge(chunk: bytes, ranks: dict[tuple[bytes, bytes], int]
+              ) -> tuple[list[bytes], int]:
+    """BPE on one chunk: (its parts, the steps taken).
+
+    The rule: start from single bytes and repeatedly fuse the adjacent pair with the
+    lowest rank in `ranks`, the leftmost among equal ranks, until no adjacent pair has
+    a rank.
+
+    How, in O(n log n) for n bytes: the parts form a doubly linked list, each part
+    named by the offset of its first byte (`nxt`, `prv`, `parts`).  Every adjacent pair
+    that has a rank is a heap key `rank << shift | offset`, so the smallest key is the
+    lowest rank and, among equal ranks, the leftmost pair: the rule's order.  A merge
+    changes only the pairs on either side of the new part; their new keys are pushed
+    and the old ones stay in the heap, skipped when popped (lazy deletion: `cur[i]` is
+    the rank of the pair starting at offset i now, None if none).  The invariant: every
+    current pair with a rank has its key in the heap.  So a popped key whose rank is
+    `cur[i]` is the current pair's own key, the smallest of all current candidates,
+    whichever push it came from; any other popped key is stale.  Each merge pushes at
+    most two keys: at most 3n keys pass through the heap.  (llama.cpp's
+    llm_tokenizer_bpe and HF tokenizers' `Word::merge_all` work the same way.)
+
+    Why: the loop this replaced kept a list of pair ranks and found each merge with
+    `min` + `list.index` (in C) and a splice, O(n) per merge and O(n^2) per chunk.  A
+    long run of one character class is one chunk, so 20,000 x "a" took 2,672 ms
+    (llama.cpp 22 ms) and a 200 KB one-letter prompt held a server for six minutes; the
+    heap takes ~25 ms for the 20,000.  Rejected: keeping the old loop for short chunks
+    behind a size threshold.  On the 33,204 distinct chunks of bench/bench_tokenize.py's
+    1 MB text (5.8 bytes on average) `Tokenizer.bpe` costs 2% more than the loop did
+    (5.01 against 4.90 us a chunk, best of 11 interleaved runs; a cold `encode_raw` of
+    the whole 1 MB, 408 against 401 ms), too little to keep two implementations.
+
+    `steps` is n plus the number of keys popped (stale ones included): the work, in a
+    unit a test can pin (4x the bytes, ~4x the steps) without timing anything.
+    Counting it is one integer add per pop.  A chunk longer than `MAX_CHUNK_BYTES` is a
+    `TokenizerError` before any work.
+    """
+    n = len(chunk)
+    if n < 2:
+        return ([chunk] if n else []), n
+    if n > MAX_CHUNK_BYTES:
+        raise TokenizerError(f"a pre-token chunk of {n:,} bytes (starting "
+                             f"{chunk[:16]!r}) is longer than MAX_CHUNK_BYTES "
+                             f"({MAX_CHUNK_BYTES:,}): one run of a character class "
+                             "that long is refused")
+    parts: list = list(map(_ONE_BYTE.__getitem__, chunk))
+    get = ranks.get
+    cur = list(map(get, zip(parts, parts[1:])))
+    cur.append(None)                      # the last part has no right neighbour
+    shift = n.bit_length()
+    mask = (1 << shift) - 1
+    heap = [(r << shift) | i for i, r in enumerate(cur) if r is not None]
+    heapify(heap)
+    links = _LINKS if n + 2 <= len(_LINKS) else list(range(-1, n + 1))
+    prv, nxt = links[:n], links[2:n + 2]  # offset of the previous / next part (n: end)
+    pop, push = heappop, heappush
+    steps = n
+    while heap:
+        key = pop(heap)
+        steps += 1
+        i = key & mask
+        if cur[i] != key >> shift:        # stale: the pair at i changed since
+            continue
+        j = nxt[i]
+        merged = parts[i] + parts[j]
+        parts[i] = merged
+        parts[j] = cur[j] = None          # part j is gone
+        k = nxt[i] = nxt[j]
+        if k < n:
+            prv[k] = i
+            r = cur[i] = get((merged, parts[k]))
+            if r is not None:
+                push(heap, (r << shift) | i)
+        else:
+            cur[i] = None
+        p = prv[i]
+        if p >= 0:
+            r = cur[p] = get((parts[p], merged))
+            if r is not None:
+                push(heap, (r << shift) | p)
+    return list(filter(None, parts)), steps
 
 
 def _warn_pre_mismatch(name: str) -> None:
@@ -407,11 +524,14 @@ class Tokenizer:
         """Cut marker texts out of `data`: a list of raw byte fragments and marker ids.
 
         Same order as llama.cpp's `tokenizer_st_partition`: for each marker (longest
-        first), every still-raw fragment is split at each occurrence.
+        first), every still-raw fragment is split at each occurrence.  A marker absent
+        from `data` is skipped with one scan in C: without that, each of Qwen's 26
+        markers walked the fragment list in Python, and 1 MB of "<|im_start|>a" spent
+        ~180 ms here.
         """
         pieces: list[bytes | int] = [data] if data else []
         for text, tid, kind in self.special_markers:
-            if not special and kind != TokenType.USER_DEFINED:
+            if (not special and kind != TokenType.USER_DEFINED) or text not in data:
                 continue
             out: list[bytes | int] = []
             for piece in pieces:
@@ -435,34 +555,20 @@ class Tokenizer:
             ids: tuple[int, ...] = (self.id_of[chunk],)
         else:
             ids = tuple(self._ids_of_parts(self.bpe(chunk)))
-        if len(self._cache) > 200_000:
-            self._cache.clear()
-        self._cache[chunk] = ids
+        if len(chunk) <= CACHE_CHUNK_BYTES:
+            if len(self._cache) > 200_000:
+                self._cache.clear()
+            self._cache[chunk] = ids
         return ids
 
     def bpe(self, chunk: bytes) -> list[bytes]:
         """Merge the bytes of one chunk: lowest rank first, leftmost among equal ranks.
 
-        Kept small on purpose: `rank_of[i]` is the rank of the pair (parts[i],
-        parts[i+1]); after a merge only the two neighbouring pairs change, and `min` +
-        `index` find the next merge in C.
+        `bpe_merge` with this vocabulary's ranks: a heap of candidate pairs over a
+        linked list of parts, O(n log n) in the chunk's length (its docstring says why,
+        and what the heap replaced).
         """
-        parts = [chunk[i:i + 1] for i in range(len(chunk))]
-        ranks = self.ranks
-        none = len(self.merges) + 1  # "no merge": larger than every rank
-        rank_of = [ranks.get((a, b), none) for a, b in zip(parts, parts[1:])]
-        while rank_of:
-            best = min(rank_of)
-            if best == none:
-                break
-            i = rank_of.index(best)
-            parts[i:i + 2] = [parts[i] + parts[i + 1]]
-            del rank_of[i]
-            if i > 0:
-                rank_of[i - 1] = ranks.get((parts[i - 1], parts[i]), none)
-            if i < len(rank_of):
-                rank_of[i] = ranks.get((parts[i], parts[i + 1]), none)
-        return parts
+        return bpe_merge(chunk, self.ranks)[0]
 
     def _ids_of_parts(self, parts: list[bytes]) -> Iterable[int]:
         for p in parts:

@@ -12,9 +12,10 @@ import regex
 from conftest import tokenizer_for
 from fucina_course import Tokenizer, TokenizerError, TokenType
 from fucina_course import pretokenizer as pre
-from fucina_course.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, decode_utf8_like_llama,
-                                     map_bytes, unmap_token_text)
-from tokenizer_cases import random_strings
+from fucina_course.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, bpe_merge,
+                                     decode_utf8_like_llama, map_bytes,
+                                     unmap_token_text)
+from tokenizer_cases import RUN_UNITS, long_run, random_strings
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,17 @@ def test_collapse_trick_agrees_with_an_independent_regex_engine():
         assert pre.QWEN2.split(text) == rx.findall(text), repr(text)
         checked += 1
     assert checked > 2500
+
+
+def test_long_runs_split_as_the_regex_module_splits_them():
+    """Runs of each character class, long enough that a rescan per position would
+    show, give the upstream pattern's chunks (see the pretokenizer's docstring for its
+    cost)."""
+    rx = regex.compile(UPSTREAM_QWEN2)
+    for unit in [*RUN_UNITS.values(), " \n", "\u3000", "'s", "e\u0301"]:
+        for tail in ("", "x", " "):
+            text = long_run(unit, 5000) + tail
+            assert pre.QWEN2.split(text) == rx.findall(text), (unit, tail)
 
 
 def test_collapse_keeps_length_and_classes():
@@ -207,6 +219,148 @@ def test_long_mixed_text_encodes_into_the_vocabulary(qwen):
     assert len(ids) > 10_000
     assert np.all(np.asarray(ids) < qwen.vocab_size)
     assert qwen.decode(ids) == text
+
+
+# --- BPE cost: O(n log n) work, the old loop's merges, a cap -------------------------
+
+def _old_bpe(chunk: bytes, ranks: dict) -> tuple[list[bytes], int]:
+    """The oracle: the rule as the engine ran it before the heap (issue 42).  Fuse the
+    lowest-rank pair, leftmost on ties, found by `min` + `index` over a list of pair
+    ranks.  Also returns its work: the pair ranks those scans and the splice touch,
+    summed over the merges, O(n) a merge."""
+    parts = [chunk[i:i + 1] for i in range(len(chunk))]
+    none = float("inf")
+    rank_of = [ranks.get(pair, none) for pair in zip(parts, parts[1:])]
+    work = len(rank_of)
+    while rank_of and min(rank_of) != none:
+        work += len(rank_of)
+        i = rank_of.index(min(rank_of))
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+        del rank_of[i]
+        if i > 0:
+            rank_of[i - 1] = ranks.get((parts[i - 1], parts[i]), none)
+        if i < len(rank_of):
+            rank_of[i] = ranks.get((parts[i], parts[i + 1]), none)
+    return parts, work
+
+
+def test_bpe_merge_equals_the_old_rule_on_random_chunks(qwen):
+    """Real chunks of random mixed text, random runs over small alphabets (long merges,
+    many ties) and random bytes that are not UTF-8, with Qwen's 151k merges."""
+    rng = np.random.default_rng(7)
+    chunks = [c.encode("utf-8", "surrogatepass") for text in random_strings(800, seed=8)
+              for c in qwen.pretokenizer.split(text)]
+    for _ in range(600):
+        alphabet = ["a", "ab", " ", " \t\n", "-=", "日本", "e\u0301", "xyz "][
+            int(rng.integers(8))]
+        chunks.append("".join(rng.choice(list(alphabet), size=int(rng.integers(1, 400)))
+                              ).encode())
+    chunks += [bytes(rng.integers(256, size=int(rng.integers(1, 200))).tolist())
+               for _ in range(300)]
+    for chunk in chunks:
+        assert bpe_merge(chunk, qwen.ranks)[0] == _old_bpe(chunk, qwen.ranks)[0], chunk
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bpe_merge_equals_the_old_rule_on_scrambled_ranks(seed):
+    """Merge tables no trained vocabulary has: ranks in random order (a merge's result
+    can outrank its own parts, so a new pair can be the next merge at once), and with
+    seeds 3-5 one rank shared by several pairs (the leftmost of them must go first)."""
+    rng = np.random.default_rng(seed)
+    tokens, pairs = [b"a", b"b", b"c"], []
+    while len(pairs) < 40:
+        a, b = (tokens[int(i)] for i in rng.integers(len(tokens), size=2))
+        if (a, b) not in pairs and len(a + b) <= 6:
+            pairs.append((a, b))
+            tokens.append(a + b)
+    values = (rng.permutation(len(pairs)) if seed < 3
+              else rng.integers(len(pairs) // 4, size=len(pairs)))
+    ranks = dict(zip(pairs, values.tolist()))
+    for _ in range(300):
+        chunk = bytes(rng.choice(list(b"abc"), size=int(rng.integers(1, 120))).tolist())
+        assert bpe_merge(chunk, ranks)[0] == _old_bpe(chunk, ranks)[0], chunk
+
+
+def test_bpe_merge_on_both_sides_of_the_shared_links():
+    """Chunks up to len(_LINKS) - 2 bytes link their parts by slicing one shared list,
+    longer ones build their own: both give the old rule's parts."""
+    from fucina_course.tokenizer import _LINKS
+
+    toks = ["a", "b", "ab", "abab", "ba"]
+    tok = Tokenizer.from_parts(toks, ["a b", "ab ab", "b a"], [TokenType.NORMAL] * 5)
+    edge = len(_LINKS) - 2
+    for n in (edge - 1, edge, edge + 1, edge + 3):
+        chunk = (b"ab" * n)[:n]
+        assert bpe_merge(chunk, tok.ranks)[0] == _old_bpe(chunk, tok.ranks)[0], n
+
+
+# name -> the unit repeated to make one chunk: letters, spaces, digits, punctuation,
+# "ab" alternating, CJK, newlines, tabs
+_GROWTH_UNITS = {"letters": "a", "spaces": " ", "digits": "7", "dashes": "-",
+                 "ab": "ab", "CJK": "日", "newlines": "\n", "tabs": "\t"}
+
+
+@pytest.mark.parametrize("unit", _GROWTH_UNITS.values(), ids=_GROWTH_UNITS.keys())
+def test_bpe_work_grows_linearly_with_the_run(qwen, unit):
+    """4x the bytes of one run costs at most 4.5x the steps (heap keys popped, plus the
+    bytes), counted rather than timed.  The same measure on the old loop (its work,
+    4x from 1,000 bytes, kept small because it is slow) grows ~16x wherever the run
+    merges, which is what made 20,000 x "a" take 2.7 s: this test fails on it.  Qwen
+    has no merge of two digits, so on "7777..." both are linear."""
+    def run(n):
+        return (unit * n).encode()[:n]
+
+    parts, steps = bpe_merge(run(5000), qwen.ranks)
+    steps_4x = bpe_merge(run(20000), qwen.ranks)[1]
+    assert steps_4x <= 4.5 * steps, (steps, steps_4x)
+    work, work_4x = (_old_bpe(run(n), qwen.ranks)[1] for n in (1000, 4000))
+    merges = 5000 - len(parts)
+    assert work_4x > 12 * work or merges == 0, (work, work_4x)
+
+
+def test_bpe_steps_are_bounded_by_four_per_byte(qwen):
+    """Each merge pushes at most two keys, so a chunk of n bytes pops at most 3n keys
+    and takes at most 4n steps: the bound the cap's timing rests on (spaces come
+    closest, ~3.95n)."""
+    for unit in _GROWTH_UNITS.values():
+        chunk = (unit * 5000).encode()[:5000]
+        assert bpe_merge(chunk, qwen.ranks)[1] <= 4 * len(chunk)
+
+
+def test_a_chunk_over_the_cap_is_a_one_line_error(qwen, monkeypatch):
+    from fucina_course import tokenizer
+
+    cap = tokenizer.MAX_CHUNK_BYTES
+    with pytest.raises(TokenizerError) as err:
+        qwen.encode_raw("a" * (cap + 1))
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"chunk of {cap + 1:,} bytes" in message
+    assert f"MAX_CHUNK_BYTES ({cap:,})" in message
+    # A lower cap, to see both sides of it cheaply: the cap is per chunk, not per text.
+    monkeypatch.setattr(tokenizer, "MAX_CHUNK_BYTES", 1000)
+    assert bpe_merge(b"a" * 1000, qwen.ranks)[0] == _old_bpe(b"a" * 1000, qwen.ranks)[0]
+    with pytest.raises(TokenizerError, match="chunk of 1,001 bytes"):
+        qwen.bpe(b" " * 1001)
+    text = "ab " * 2000                            # 6,000 bytes in 2,001 chunks
+    assert qwen.decode(qwen.encode_raw(text)) == text
+
+
+def test_only_short_chunks_are_cached(qwen):
+    from fucina_course.tokenizer import CACHE_CHUNK_BYTES
+
+    qwen._cache.clear()
+    long_word = "x" * (CACHE_CHUNK_BYTES + 1)
+    ids = qwen.encode_raw(long_word + " hello")
+    assert list(qwen._cache) == [b" hello"]
+    assert qwen.encode_raw(long_word + " hello") == ids
+
+
+def test_thousands_of_markers(qwen):
+    start = qwen.token_id("<|im_start|>")
+    assert qwen.encode_raw("<|im_start|>" * 5000) == [start] * 5000
+    ids = qwen.encode_raw("<|im_start|>a" * 3000)
+    assert ids == [start, qwen.id_of[b"a"]] * 3000
 
 
 # --- a malformed vocabulary is a TokenizerError naming the entry ----------------------

@@ -13,7 +13,8 @@ import json
 import pytest
 
 from conftest import HERE, tokenizer_for
-from tokenizer_cases import CORPUS, MALFORMED, random_strings
+from tokenizer_cases import (CORPUS, MALFORMED, RUN_UNITS, long_run, random_run,
+                              random_strings)
 
 VOCABS = ["qwen3-vocab", "qwen2.5-coder-0.5b", "smollm2-135m"]
 
@@ -104,3 +105,34 @@ def test_live_bos_policy(vocab, llama_cpp):
     llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
     for text in ["Hello world", "", "<|im_start|>x"]:
         assert tok.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True)
+
+
+def test_live_long_runs(vocab, llama_cpp):
+    """Long runs of each character class (one chunk each, or thousands of tiny ones) and
+    one long chunk of random letters, against llama.cpp: the heap BPE gives its ids."""
+    _, path, tok, _ = vocab
+    llm = llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
+    texts = [long_run(unit, 12_000) for unit in RUN_UNITS.values()]
+    texts += [random_run(letters, 12_000) for letters in ("abcdefghijklmnopqrstuvwxyz",
+                                                          "ACGT")]
+    texts += [long_run(" ", 20_000), long_run("a", 20_000), long_run("7", 20_000)]
+    bad = [text[:12] for text in texts
+           if tok.encode_raw(text) != llm.tokenize(text.encode(), add_bos=False,
+                                                    special=True)]
+    assert bad == [], f"{len(bad)} of {len(texts)} runs differ from llama.cpp: {bad}"
+
+
+def test_live_the_longest_chunk_under_the_cap(qwen3_vocab_path, llama_cpp):
+    """A run of exactly MAX_CHUNK_BYTES spaces (the most BPE work a byte) and of letters
+    still get llama.cpp's ids; one byte more is refused."""
+    from fucina_course import TokenizerError
+    from fucina_course.tokenizer import MAX_CHUNK_BYTES
+
+    tok = tokenizer_for(qwen3_vocab_path)
+    llm = llama_cpp.Llama(str(qwen3_vocab_path), vocab_only=True, verbose=False)
+    for unit in " a":
+        text = unit * MAX_CHUNK_BYTES
+        assert tok.encode_raw(text) == llm.tokenize(text.encode(), add_bos=False,
+                                                    special=True), repr(unit)
+        with pytest.raises(TokenizerError, match="MAX_CHUNK_BYTES"):
+            tok.encode_raw(text + unit)

@@ -57,6 +57,31 @@ MALFORMED: list[bytes] = [
     b"\xc3(", b"\xe2\x28\xa1", b"\xf8\x88\x80\x80\x80", b"ok \xfe\xfe ok",
 ]
 
+# Long runs of one character class, name -> the repeated unit.  Most are one pre-token
+# chunk however long (letters, spaces, punctuation, newlines, CJK), the input on which a
+# BPE that rescans its pairs is quadratic (20,000 x "a" took 2.7 s); digits and "a " are
+# the opposite, thousands of one- or two-character chunks.  Tests build them with
+# `long_run`.
+RUN_UNITS: dict[str, str] = {
+    "letters": "a", "spaces": " ", "digits": "7", "dashes": "-", "newlines": "\n",
+    "tabs": "\t", "ab": "ab", "CJK": "日", "a-space": "a ", "accented": "é",
+    "emoji": "😀", "crlf": "\r\n", "markers": "<|im_start|>",
+    "marker-text": "<|im_start|>a",
+}
+
+
+def long_run(unit: str, n_chars: int) -> str:
+    """`unit` repeated to about `n_chars` characters (a whole number of units)."""
+    return unit * max(1, n_chars // len(unit))
+
+
+def random_run(alphabet: str, n_chars: int, seed: int = 42) -> str:
+    """`n_chars` characters drawn from `alphabet`: one long chunk of varied content when
+    the alphabet is letters only (a pasted DNA sequence, "ACGT")."""
+    rng = np.random.default_rng(seed)
+    return "".join(alphabet[i] for i in rng.integers(len(alphabet), size=n_chars))
+
+
 # Character pools for the random strings: (weight, characters)
 _POOL = [
     (6, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"),
