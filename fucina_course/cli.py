@@ -196,6 +196,14 @@ _COMMANDS = {
             _arg("--api-key", metavar="KEY", default=None,
                  help="require 'Authorization: Bearer KEY' on every route but "
                  "/health (default: $FUCINA_API_KEY, else none)"),
+            _arg("--cors-origins", metavar="ORIGIN[,ORIGIN...]", default="",
+                 help="web pages (origins such as http://localhost:3000, or *) that "
+                 "may call the server from a browser (default: none but the "
+                 "server's own; other origins get 403)"),
+            _arg("--allow-hosts", metavar="NAME[,NAME...]", default="",
+                 help="Host names to answer besides the loopback ones (default: "
+                 "none; on a non-loopback --host, Host is checked only if given; "
+                 "*: any)"),
             "engine", "speculation"]),
     "models": dict(
         help="list or fetch the named models", func=cmd.cmd_models,

@@ -490,8 +490,9 @@ def cmd_repl(args) -> int:
 
 def cmd_serve(args) -> int:
     """`fucina serve`: check the flags, load the model, bind the port, serve until
-    Ctrl-C or SIGTERM (which cancel the running requests: exit code 0)."""
-    from .server import Server, is_loopback
+    Ctrl-C or SIGTERM (which cancel the running requests: exit code 0).  If the
+    engine fails (a bug), `Server.run` raises a `FucinaError`: one line, exit 1."""
+    from .server import Server, is_loopback, normalize_origin
 
     if args.parallel < 1:
         raise FucinaError(f"--parallel must be at least 1, got {args.parallel}")
@@ -502,6 +503,8 @@ def cmd_serve(args) -> int:
     if args.ctx is not None and args.ctx < 2:
         raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
     api_key = args.api_key or os.environ.get("FUCINA_API_KEY") or None
+    for origin in _names(args.cors_origins):        # before the model is loaded
+        normalize_origin(origin)
     _check_expert_top_p(args)
     _check_draft_max(args)
     model = _load_model(args)
@@ -518,11 +521,16 @@ def cmd_serve(args) -> int:
                     parallel=args.parallel, ctx=args.ctx, cache_type=args.cache_type,
                     queue_size=args.queue, api_key=api_key,
                     speculator=_speculator(args, model, args.ctx or min(
-                        model.config.context_length, 4096)))
+                        model.config.context_length, 4096)),
+                    cors_origins=_names(args.cors_origins),
+                    allow_hosts=_names(args.allow_hosts))
     _first_start(model)
     if not is_loopback(args.host) and api_key is None:
         print(f"fucina: warning: listening on {args.host} without --api-key: anyone "
               "who can reach this port can use the model", file=sys.stderr)
+    if "*" in _names(args.cors_origins) and api_key is None:
+        print("fucina: warning: --cors-origins '*' without --api-key: any web page "
+              "you visit can use the model", file=sys.stderr)
     sched = server.scheduler
     print(f"fucina: serving {model_id} at {server.url}/v1 ({sched.parallel} slots of "
           f"{sched.capacity} positions, queue {sched.queue_size}"
@@ -531,6 +539,11 @@ def cmd_serve(args) -> int:
     server.run()
     print("fucina: server stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _names(value: str) -> list[str]:
+    """A comma-separated flag -> its non-empty items."""
+    return [v.strip() for v in (value or "").split(",") if v.strip()]
 
 
 # --- models -----------------------------------------------------------------------

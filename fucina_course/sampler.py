@@ -5,12 +5,17 @@ the largest; it is right for tests and benchmarks (a pure function of the input)
 but it makes an instruction-tuned model loop.  Chat samples instead, with
 llama.cpp's parameter set, in one fixed order:
 
-    logit processor (optional) -> penalties -> [temperature <= 0: argmax, done]
-    -> top-k (sorted, ties to the lower id) -> temperature softmax (max subtracted)
-    -> top-p -> min-p (the best candidate always stays) -> one seeded draw
+    logit bias -> logit processor (optional) -> penalties
+    -> [temperature <= 0: argmax, done] -> top-k (sorted, ties to the lower id)
+    -> temperature softmax (max subtracted) -> top-p
+    -> min-p (the best candidate always stays) -> one seeded draw
 
 Each stage is a small function of this module working on the survivors of the
-one before, so a plot or a test can stop after any of them.
+one before, so a plot or a test can stop after any of them.  The logit bias comes
+first, as in llama.cpp's chain (`common_sampler` puts `logit_bias` before every
+other sampler): a bias says what the caller wants of a token whatever the model
+thinks, so a grammar's mask and the penalties see the biased scores, and a
+banned token (bias -100) cannot come back through them.
 
 Order.  This is the order of the Zig engine this course follows, and the one in
 which top-p and min-p read the very probabilities the draw will use.  llama.cpp's
@@ -69,6 +74,14 @@ class SamplerConfig:
     c * frequency_penalty + presence_penalty.  repeat_last_n = -1 penalizes the
     whole history, 0 turns the penalties off.  seed = None draws a fresh seed
     (llama.cpp's LLAMA_DEFAULT_SEED); the `Sampler` records the seed it used.
+
+    logit_bias (llama.cpp's `logit_bias` sampler, OpenAI's `logit_bias`): pairs
+    (token id, bias), each bias added to that token's logit before anything else
+    (a mapping {id: bias} is accepted and stored as pairs sorted by id: the config
+    stays frozen and hashable).  Biases are finite; OpenAI's range [-100, 100] is
+    the server's rule, not the sampler's (-100 bans a token in practice: logits
+    are tens at most).  An id outside the vocabulary is an error when sampling,
+    where the vocabulary is known.
     """
 
     temperature: float = 0.8
@@ -81,10 +94,13 @@ class SamplerConfig:
     repeat_last_n: int = 64
     seed: int | None = None
     max_candidates: int = 256
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         def bad(name, why):
             raise InvalidSamplerConfig(f"{name} {why}, got {getattr(self, name)!r}")
+
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
 
         for name in ("temperature", "top_p", "min_p", "repeat_penalty",
                      "frequency_penalty", "presence_penalty"):
@@ -146,6 +162,30 @@ class SamplerConfig:
         return replace(self, **changes)
 
 
+def _bias_pairs(bias) -> tuple[tuple[int, float], ...]:
+    """A logit bias as given (a mapping or (id, bias) pairs) -> pairs sorted by id,
+    each id an integer >= 0 once, each bias a finite number."""
+    def bad(why):
+        raise InvalidSamplerConfig(f"logit_bias {why}")
+
+    items = bias.items() if hasattr(bias, "items") else bias
+    try:
+        pairs = [(tid, value) for tid, value in items]
+    except (TypeError, ValueError):
+        bad(f"must be a mapping or (id, bias) pairs, got {bias!r:.60}")
+    out = {}
+    for tid, value in pairs:
+        if isinstance(tid, bool) or not isinstance(tid, (int, np.integer)) or tid < 0:
+            bad(f"token ids must be integers >= 0, got {tid!r:.30}")
+        if (isinstance(value, bool) or not isinstance(value, (int, float, np.floating))
+                or not math.isfinite(value)):
+            bad(f"biases must be finite numbers, got {value!r:.30} for token {tid}")
+        if int(tid) in out:
+            bad(f"names token {int(tid)} twice")
+        out[int(tid)] = float(value)
+    return tuple(sorted(out.items()))
+
+
 class Distribution(NamedTuple):
     """What the next draw chooses from: candidate ids, most likely first, and their
     probabilities (float64, renormalized over the survivors: they sum to 1)."""
@@ -182,6 +222,23 @@ def apply_penalties(logits: np.ndarray, history: Sequence[int],
     x -= (counts.astype(np.float32) * np.float32(config.frequency_penalty)
           + np.float32(config.presence_penalty))
     out[ids] = x
+    return out
+
+
+def apply_logit_bias(logits: np.ndarray, ids, biases) -> np.ndarray:
+    """llama.cpp's `logit_bias` sampler, on a copy: `biases[i]` added to the logit
+    of token `ids[i]`, in float32 (as llama.cpp adds a float), so the results are
+    bit-identical.  An id outside the vocabulary is an error, not a silent skip:
+    the caller asked for something about a token that does not exist."""
+    ids = np.asarray(ids, dtype=np.int64)
+    if ids.size == 0:
+        return logits
+    if ids.min() < 0 or ids.max() >= logits.shape[0]:
+        bad = ids.min() if ids.min() < 0 else ids.max()
+        raise FucinaError(f"logit_bias token id {int(bad)} is outside the vocabulary "
+                          f"(size {logits.shape[0]})")
+    out = logits.copy()
+    np.add.at(out, ids, np.asarray(biases, dtype=np.float32))  # repeated ids add up
     return out
 
 
@@ -283,6 +340,9 @@ class Sampler:
                  logit_processor: LogitProcessor | None = None):
         self.config = config if config is not None else SamplerConfig()
         self.logit_processor = logit_processor
+        bias = self.config.logit_bias          # as arrays once, not once per token
+        self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
+        self._bias_values = np.array([b for _, b in bias], dtype=np.float32)
         self.seed = self.config.seed
         if self.seed is None:
             self.seed = secrets.randbits(32)
@@ -297,6 +357,9 @@ class Sampler:
         """The candidates and probabilities the next draw would use (no draw)."""
         cfg = self.config
         x = self._checked(logits)
+        if self._bias_ids.size:
+            x = self._checked(apply_logit_bias(x, self._bias_ids, self._bias_values),
+                              "logits after logit_bias")
         if self.logit_processor is not None:
             x = self._checked(self.logit_processor(x.copy(), history),
                               "logit processor output")

@@ -50,9 +50,21 @@ only the tokens after it (`usage.prompt_tokens_details.cached_tokens`).
 
 Load.  At most `parallel` jobs run and `queue_size` wait (default 2 x parallel);
 `submit` refuses more with `Busy` (the server's 429 with Retry-After), so memory and
-latency stay bounded whatever the clients do.  `cancel` removes a waiting job, or
-marks a running one, which gives back its slot at the next step boundary (one
-decode step at most).  `shutdown` cancels every job and ends the thread.
+latency stay bounded whatever the clients do.  A request takes its place in that
+load *before* it is parsed, rendered and tokenized (`reserve`, then `submit(job,
+reservation)`), so at most parallel + queue_size requests are being prepared or
+run at any time: many hostile prompts cannot all tokenize at once.  `cancel`
+removes a waiting job, or marks a running one, which gives back its slot at the
+next step boundary (one decode step at most).  `shutdown` cancels every job and
+ends the thread.
+
+Failures.  Everything done for one job (its prefill, sampling, the end of its
+turn) runs inside that job's own `try`: a failure ends that job with an error
+(the client gets it), and its slot is given back with a consistent conversation
+(reset to empty if the failure left its state unknown), while the other jobs go
+on.  An exception outside that (a bug in the loop itself) ends the engine thread:
+every job gets an error, `failure` records why, and the server stops the process
+(server.py) rather than answer 503 forever.
 """
 
 from __future__ import annotations
@@ -78,6 +90,32 @@ class Busy(FucinaError):
 
 class ShuttingDown(FucinaError):
     """The scheduler is stopping: no new jobs."""
+
+
+class EngineFailed(FucinaError):
+    """The engine thread died of an error in its loop (a bug): no more jobs."""
+
+
+class Reservation:
+    """A place in the scheduler's load, taken before a request is prepared.
+
+    `Scheduler.submit(job, reservation)` hands the place to the job; until then
+    `release()` gives it back (idempotent, and a no-op once a job took it), so a
+    request that fails while it is parsed, rendered or tokenized frees its place
+    on every path (`with scheduler.reserve() as r:` releases on the way out)."""
+
+    def __init__(self, scheduler: "Scheduler"):
+        self._scheduler = scheduler
+        self.held = True
+
+    def release(self) -> None:
+        self._scheduler._unreserve(self)
+
+    def __enter__(self) -> "Reservation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 @dataclass(eq=False)
@@ -250,9 +288,10 @@ class Scheduler:
         self.format = self.slots[0].conv.format
         self.stats = Stats()
         self._waiting: deque[Job] = deque()
-        self._load = 0                   # jobs submitted and not yet over
+        self._load = 0                   # places reserved or jobs not yet over
         self._cv = threading.Condition()
         self._stopping = False
+        self.failure: BaseException | None = None   # what killed the engine thread
         self._clock = itertools.count(1)
         self._thread = threading.Thread(target=self._run, name="fucina-engine",
                                         daemon=True)
@@ -267,19 +306,56 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, job: Job) -> None:
-        """Queue `job`; `Busy` if `parallel` jobs run and `queue_size` wait."""
+    def reserve(self) -> Reservation:
+        """A place for one request (see "Load"): `Busy` if parallel + queue_size
+        places are taken (running, waiting or being prepared), `ShuttingDown` once
+        the scheduler stops."""
+        with self._cv:
+            self._check_open()
+            if self._load >= self.parallel + self.queue_size:
+                self.stats.rejected += 1
+                busy = sum(s.job is not None for s in self.slots)
+                raise Busy(f"all {self.parallel} slots are busy and "
+                           f"{self._load - busy} more requests are waiting or being "
+                           "prepared")
+            self._load += 1
+            return Reservation(self)
+
+    def _unreserve(self, reservation: Reservation) -> None:
+        with self._cv:
+            if reservation.held:
+                reservation.held = False
+                self._load -= 1
+                self._cv.notify()
+
+    def _check_open(self) -> None:
+        """(Under the lock.)"""
+        if self.failure is not None:
+            raise EngineFailed(f"the engine has stopped: {_one_line(self.failure)}")
+        if self._stopping:
+            raise ShuttingDown("the server is shutting down")
+
+    def submit(self, job: Job, reservation: Reservation | None = None) -> None:
+        """Queue `job` in the place `reservation` holds (which it takes over), or in
+        a new one: `Busy` if parallel + queue_size places are taken.  On an error
+        the reservation stays with the caller, who releases it."""
         if len(job.ids) + 1 > self.capacity:
             raise ContextFull(f"the prompt has {len(job.ids)} tokens (+1 to answer) "
                               f"but the context holds {self.capacity} positions")
+        own = reservation is None
+        if own:
+            reservation = self.reserve()
         with self._cv:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down")
-            if self._load >= self.parallel + self.queue_size:
-                self.stats.rejected += 1
-                raise Busy(f"all {self.parallel} slots are busy and "
-                           f"{len(self._waiting)} requests are waiting")
-            self._load += 1
+            try:
+                if not reservation.held:
+                    raise FucinaError("this reservation was released or used")
+                self._check_open()
+            except FucinaError:
+                if own:
+                    reservation.held = False
+                    self._load -= 1
+                raise
+            reservation.held = False     # the job holds the place now
             self._waiting.append(job)
             self._cv.notify()
 
@@ -309,16 +385,19 @@ class Scheduler:
             self._thread.join(timeout)
 
     def snapshot(self) -> dict:
-        """Slots busy and idle, jobs waiting, and the counters (a copy)."""
+        """Slots busy and idle, jobs waiting, requests being prepared (their place
+        reserved, not yet submitted), and the counters (a copy)."""
         with self._cv:
             busy = sum(s.job is not None for s in self.slots)
+            waiting = len(self._waiting)
             return dict(slots=self.parallel, busy=busy, idle=self.parallel - busy,
-                        waiting=len(self._waiting), capacity=self.capacity,
-                        **vars(self.stats))
+                        waiting=waiting, preparing=self._load - busy - waiting,
+                        capacity=self.capacity, **vars(self.stats))
 
     # --- the engine thread ---------------------------------------------------------
 
     def _run(self) -> None:
+        error = None
         try:
             while True:
                 with self._cv:
@@ -333,11 +412,16 @@ class Scheduler:
                                                  or not slot.turn.started):
                         self._prefill(slot)
                 self._step()
-        except BaseException:            # a bug: say so, and fail every job
-            log.exception("the engine thread failed")
-            raise
+        except BaseException as e:       # a bug in the loop: say so, fail every job
+            self.failure = e
+            log.error("the engine thread failed; the server stops", exc_info=True)
+            error = EngineFailed(f"the engine failed: {_one_line(e)}")
         finally:
-            self._stop_all()
+            try:
+                self._stop_all(error)
+            except BaseException as e:   # pragma: no cover - a bug in the cleanup
+                self.failure = self.failure or e
+                log.error("stopping the jobs failed", exc_info=True)
 
     def _admit(self) -> None:
         """(Under the lock.)  Waiting jobs into free slots, each into the free slot
@@ -359,11 +443,11 @@ class Scheduler:
         time, not by its whole prefill.  Rows are computed one by one
         (`_ExactPrefill`), so the chunking does not change a single bit."""
         job, conv = slot.job, slot.conv
-        if job.cancelled:
-            slot.turn = None
-            self._release(slot, error=FucinaError(f"cancelled ({job.reason})"))
-            return
         try:
+            if job.cancelled:
+                slot.turn = None
+                self._release(slot, error=FucinaError(f"cancelled ({job.reason})"))
+                return
             if slot.turn is None:
                 conv.sampler, conv.stop = job.sampler, tuple(job.stop)
                 conv.max_response_tokens = job.max_tokens
@@ -376,12 +460,11 @@ class Scheduler:
                 self.stats.prefilled += len(slot.turn.new)
                 self.stats.reused += slot.turn.keep
             slot.logits = slot.turn.prefill_some(self.prefill_chunk)
-        except Exception as e:
-            if not isinstance(e, FucinaError):   # not the user's fault: say so
-                log.exception("prefill failed")
-                e = FucinaError(f"internal error in prefill: {e}")
-            slot.turn = None
+        except FucinaError as e:         # the job's own (a prompt that does not fit)
+            slot.turn = None             # the ids cached so far are a valid prefix
             self._release(slot, error=e)
+        except Exception as e:
+            self._abort(slot, _internal(e, "prefill"))
 
     def _step(self) -> None:
         """Sample for every running job; one forward step for those that go on."""
@@ -389,21 +472,12 @@ class Scheduler:
         for slot in self.slots:
             if slot.turn is None or not slot.turn.started:
                 continue
-            if slot.job.cancelled:
-                self._finish(slot, "interrupted")
-                continue
             try:
-                tid, slot.next = (slot.next if slot.next is not None
-                                  else slot.turn.choose(slot.logits)), None
-            except Exception as e:       # a grammar that cannot go on, bad logits
-                if not isinstance(e, FucinaError):
-                    log.exception("sampling failed")
-                    e = FucinaError(f"internal error in sampling: {e}")
-                self._finish(slot, "error", error=e)
+                tid = self._choose(slot)
+            except Exception as e:
+                self._abort(slot, _internal(e, "sampling"))
                 continue
-            if tid is None:
-                self._finish(slot)
-            else:
+            if tid is not None:
                 picks.append((slot, tid))
         if not picks:
             return
@@ -414,16 +488,34 @@ class Scheduler:
         try:
             out = Conversation.step([s.conv for s, _ in picks], ids)
         except Exception as e:
-            log.exception("decode step failed")
+            error = _internal(e, "a decode step")
             for slot, _ in picks:
-                self._finish(slot, "error", error=FucinaError(f"decode failed: {e}"))
+                self._abort(slot, error)
             return
         self.stats.steps += 1
         self.stats.rows += len(picks)
         self.stats.max_rows = max(self.stats.max_rows, len(picks))
         for row, (slot, tid) in enumerate(picks):
-            slot.turn.commit(tid)
-            slot.logits = out[row]
+            try:
+                slot.turn.commit(tid)
+                slot.logits = out[row]
+            except Exception as e:
+                self._abort(slot, _internal(e, "commit"))
+
+    def _choose(self, slot: _Slot) -> int | None:
+        """The job's next token, or None once its answer is over (then closed)."""
+        if slot.job.cancelled:
+            self._finish(slot, "interrupted")
+            return None
+        try:
+            tid, slot.next = (slot.next if slot.next is not None
+                              else slot.turn.choose(slot.logits)), None
+        except FucinaError as e:         # the job's own: a grammar that cannot go on
+            self._finish(slot, "error", error=e)
+            return None
+        if tid is None:
+            self._finish(slot)
+        return tid
 
     def _speculate(self, slot: _Slot, tid: int) -> None:
         """A job decoding alone: one verify step of `tid` and the drafter's
@@ -431,32 +523,50 @@ class Scheduler:
         turn = slot.turn
         drafted, accepted = turn.drafted, turn.accepted
         try:
-            slot.next = turn.speculate(tid, self.speculator)
+            try:
+                slot.next = turn.speculate(tid, self.speculator)
+            except FucinaError as e:
+                self._finish(slot, "error", error=e)
+                return
+            self.stats.steps += 1
+            self.stats.rows += 1 + turn.drafted - drafted
+            self.stats.max_rows = max(self.stats.max_rows, 1 + turn.drafted - drafted)
+            self.stats.drafted += turn.drafted - drafted
+            self.stats.accepted += turn.accepted - accepted
+            if slot.next is None:
+                self._finish(slot)
         except Exception as e:
-            if not isinstance(e, FucinaError):
-                log.exception("speculative step failed")
-                e = FucinaError(f"internal error in a speculative step: {e}")
-            self._finish(slot, "error", error=e)
-            return
-        self.stats.steps += 1
-        self.stats.rows += 1 + turn.drafted - drafted
-        self.stats.max_rows = max(self.stats.max_rows, 1 + turn.drafted - drafted)
-        self.stats.drafted += turn.drafted - drafted
-        self.stats.accepted += turn.accepted - accepted
-        if slot.next is None:
-            self._finish(slot)
+            self._abort(slot, _internal(e, "a speculative step"))
 
     def _finish(self, slot: _Slot, reason: str | None = None,
                 error: FucinaError | None = None) -> None:
         """The slot's answer is over: close its turn (the cache keeps its ids for
-        the next job), report, give the slot back."""
-        reply = slot.turn.finish(reason)
+        the next job), report, give the slot back.  Called inside the job's `try`
+        (`_choose`, `_speculate`); if closing the turn fails, `_abort` ends the
+        job instead."""
+        try:
+            reply = slot.turn.finish(reason)
+        except Exception as e:
+            self._abort(slot, _internal(e, "closing the answer"))
+            return
         slot.turn, slot.logits = None, None
         if error is None and reply.stop_reason == "interrupted":
             error = (ShuttingDown("the server is shutting down")
                      if slot.job.reason == "shutdown"
                      else FucinaError(f"cancelled ({slot.job.reason})"))
         self._release(slot, reply=reply, error=error)
+
+    def _abort(self, slot: _Slot, error: FucinaError) -> None:
+        """A job failed in a way that is not its own doing (a bug, bad logits, a
+        turn that could not be closed): the client gets `error`, and the slot's
+        conversation is reset, since the state the failure left it in is unknown
+        (its prefix cache is lost; the other slots are untouched).  An exception
+        here is outside every job's `try`: it ends the engine thread."""
+        if slot.job is None:             # released before it failed
+            return
+        slot.turn = None
+        slot.conv.reset()
+        self._release(slot, error=error)
 
     def _release(self, slot: _Slot, reply: Reply | None = None,
                  error: FucinaError | None = None) -> None:
@@ -470,21 +580,42 @@ class Scheduler:
         else:
             job._emit("done", reply)
 
-    def _stop_all(self) -> None:
-        """Shutdown (or a failed engine): every running and waiting job ends."""
+    def _stop_all(self, error: FucinaError | None = None) -> None:
+        """Shutdown (or a failed engine, `error`): every running and waiting job
+        ends, with `error` or `ShuttingDown`."""
+        with self._cv:
+            self._stopping = True
         for slot in self.slots:
+            if slot.job is None:
+                continue
+            slot.job.cancelled, slot.job.reason = True, "shutdown"
+            if error is None and slot.turn is not None and slot.turn.started:
+                try:
+                    self._finish(slot, "interrupted")
+                    continue
+                except Exception:
+                    log.exception("closing a turn failed")
             if slot.job is not None:
-                slot.job.cancelled, slot.job.reason = True, "shutdown"
-                if slot.turn is not None and slot.turn.started:
-                    try:
-                        self._finish(slot, "interrupted")
-                        continue
-                    except Exception:
-                        log.exception("closing a turn failed")
-                self._release(slot, error=ShuttingDown("the server is shutting down"))
+                slot.turn = None
+                if error is not None:
+                    slot.conv.reset()
+                self._release(slot, error=error or ShuttingDown(
+                    "the server is shutting down"))
         with self._cv:
             waiting, self._waiting = list(self._waiting), deque()
             self._load -= len(waiting)
-            self._stopping = True
         for job in waiting:
-            job._emit("error", ShuttingDown("the server is shutting down"))
+            job._emit("error", error or ShuttingDown("the server is shutting down"))
+
+
+def _internal(exc: Exception, where: str) -> FucinaError:
+    """An unexpected exception met while serving one job: logged with its
+    traceback (it is a bug), and the one-line error its client gets."""
+    log.error("a job failed in %s", where, exc_info=exc)
+    return FucinaError(f"internal error in {where}: {_one_line(exc)}")
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` on one line (a message may hold newlines)."""
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

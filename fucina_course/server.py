@@ -10,16 +10,46 @@ Routes, shaped like OpenAI's so the official `openai` client works unmodified:
 
 FastAPI + uvicorn (ASGI); every request becomes a `scheduler.Job`, decoded by the
 one engine thread together with the other running jobs (scheduler.py: continuous
-batching and prefix reuse).  The event loop never runs the model: it parses,
-renders the chat template, encodes, and moves text from the engine to the sockets.
+batching and prefix reuse).
+
+The event loop only reads bodies and moves text from the engine to the sockets: it
+answers /health at once whatever the requests hold.  Everything whose cost grows
+with a body (JSON parsing, validation, rendering the chat template, encoding,
+decoding a list of ids, compiling a grammar) runs in a worker thread
+(`App._prepare`).  Before that, the request takes its place in the scheduler's
+load (`Scheduler.reserve`: 429 when parallel + queue_size requests are already
+being prepared or run, so hostile requests cannot all tokenize at once); and
+before anything is encoded, a prompt of B bytes is refused if even
+ceil(B / the longest token's bytes) tokens would not fit the context
+(`App._check_bound`: no token spells more bytes than that).  Measured before: one
+200,000-character prompt, tokenized on the event loop by a quadratic BPE, held
+every client (and /health) for six minutes before its 400.
+
+Every field of OpenAI's documented request bodies is in one table (`FIELDS`):
+honoured, accepted as a no-op (it carries no behaviour here), or refused with a
+400 naming it unless its value asks for nothing (`n` = 1, `tools` = [], ...).
+Fields outside the schema are ignored with a logged warning naming them, as vLLM
+does, so a client that relies on one learns why nothing happened.
+
+Browsers: a web page may send requests to a local server (a form, or `fetch` with
+`Content-Type: text/plain`, needs no preflight), and DNS rebinding can make an
+attacker's name point at 127.0.0.1.  So `_Guard` refuses (403) a request whose
+`Origin` is not the server's own or one given with `--cors-origins` (those get
+CORS headers and preflight answers), and, on a loopback address, a `Host` that is
+not a loopback name or one given with `--allow-hosts` (as Ollama does).  Clients
+that send no Origin (curl, the `openai` client) are not affected.
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, so the
 client raises its own exception classes: 400 for a malformed body, a field of the
 wrong type or out of range (the OpenAI API answers 400 to those too, and the client
 maps 400 to `BadRequestError`; FastAPI's usual 422 is not used), 401 for a missing
 or wrong API key, 404 for an unknown model or route, 413 for a body over the limit,
-429 with `Retry-After` when every slot and the queue are full, 503 while shutting
-down.  A request that fails never takes the server down.
+403 for a browser origin or Host name not allowed, 429 with `Retry-After` when
+every slot and the queue are full, 503 while shutting down.  A request that fails
+never takes the server down; a failure of the engine's own loop (a bug) stops it
+rather than leave it answering 503 forever: `Server.run` raises a `FucinaError`,
+which the command prints as its last line (`fucina: error: ...`, status 1) below
+the traceback the log shows for the bug.
 
 Sampling defaults are llama.cpp's server's (`SamplerConfig()`: temperature 0.8,
 top-k 40, top-p 0.95, min-p 0.05), not OpenAI's temperature 1: a client that sets
@@ -40,11 +70,13 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Optional, Union
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Union
 
 from .errors import ContextFull, FucinaError
 from .sampler import InvalidSamplerConfig, Sampler, SamplerConfig
-from .scheduler import Busy, Job, Scheduler, ShuttingDown
+from .scheduler import (Busy, EngineFailed, Job, Scheduler, ShuttingDown,
+                        _one_line)
 from .chat import THINK_CLOSE, THINK_OPEN
 
 log = logging.getLogger("fucina.serve")
@@ -81,6 +113,8 @@ def _error_of(exc: FucinaError) -> ApiError:
     """An engine error met while answering -> what the client is told."""
     if isinstance(exc, ShuttingDown):
         return ApiError(503, str(exc), type="server_error", code="server_shutting_down")
+    if isinstance(exc, EngineFailed):
+        return ApiError(503, str(exc), type="server_error", code="engine_failed")
     if isinstance(exc, Busy):
         return ApiError(429, str(exc), type="rate_limit_error",
                         code="rate_limit_exceeded",
@@ -90,18 +124,159 @@ def _error_of(exc: FucinaError) -> ApiError:
     return ApiError(500, str(exc), type="server_error")
 
 
+# --- the request schema: one table -----------------------------------------------
+
+class Rule(NamedTuple):
+    """What the server does with one documented field: "honoured" (validated and
+    used), "no-op" (accepted: it carries no behaviour here), or "refused" (a 400
+    naming it) unless its value is one of `neutral`, the values that ask for
+    nothing; `why` ends the refusal's message."""
+
+    kind: str
+    neutral: tuple = ()
+    why: str = ""
+
+
+HONOURED, NO_OP = Rule("honoured"), Rule("no-op")
+
+
+def _refused(*neutral, why: str) -> Rule:
+    return Rule("refused", (None, *neutral), why)
+
+
+_NO_TOOLS = "this server does not call tools"
+_NO_STORE = "this server stores nothing; send the whole history in the request"
+
+# Every field of OpenAI's request bodies for the three routes (as the `openai` client
+# 3.57's *CreateParams list them, generated from OpenAI's OpenAPI spec; a test keeps
+# the two in step), and llama.cpp's extras this server honours.  (name, routes: c = /v1/chat/completions, p = /v1/completions,
+# r = /v1/responses) -> rule.  A field absent from a route's rows is outside its
+# schema: ignored with a warning.  Decisions where the API leaves room:
+# * the sampling extras (top_k, min_p, repeat_penalty, repeat_last_n; and seed,
+#   stop, penalties and logit_bias on /v1/responses, which OpenAI's Responses API
+#   lacks) are honoured on every route, as llama.cpp's server does; so is
+#   response_format on /v1/completions (this server always took it there);
+# * no-ops: metadata, user, safety_identifier (no accounts, no abuse tracking);
+#   store (nothing is stored, and nothing is needed later: `previous_response_id`
+#   is refused); prompt_cache_* (prefix reuse here is automatic and affects speed
+#   only); parallel_tool_calls (meaningless without tools, which are refused);
+#   stream_options on /v1/responses (its one option, include_obfuscation, pads
+#   events against a network side channel: nothing to pad on a local server);
+#   image (options for image inputs, which are refused where they appear);
+# * neutral values beyond None: n = best_of = 1, logprobs false (chat; on
+#   /v1/completions logprobs is a count and 0 still asks for the sampled token's),
+#   top_logprobs 0, echo false, suffix "", tools / functions / include / context
+#   management [], tool_choice / function_call "none", modalities ["text"],
+#   service_tier "auto" / "default" (there is one tier), verbosity "medium" (the
+#   API's default), truncation "disabled" (a prompt over the context is a 400,
+#   never cut), background false, and empty objects for background_options,
+#   reasoning and access_programs.
+_TABLE: list[tuple[str, str, Rule]] = [
+    # what this server does
+    ("model", "cpr", HONOURED),
+    ("messages", "c", HONOURED),
+    ("prompt", "p", HONOURED),
+    ("input", "r", HONOURED),
+    ("instructions", "r", HONOURED),
+    ("stream", "cpr", HONOURED),
+    ("stream_options", "cp", HONOURED),        # include_usage
+    ("temperature", "cpr", HONOURED),
+    ("top_p", "cpr", HONOURED),
+    ("seed", "cpr", HONOURED),
+    ("stop", "cpr", HONOURED),
+    ("max_tokens", "cp", HONOURED),
+    ("max_completion_tokens", "c", HONOURED),
+    ("max_output_tokens", "r", HONOURED),
+    ("frequency_penalty", "cpr", HONOURED),
+    ("presence_penalty", "cpr", HONOURED),
+    ("logit_bias", "cpr", HONOURED),
+    ("response_format", "cp", HONOURED),
+    ("text", "r", HONOURED),                   # text.format (text.verbosity: below)
+    ("top_k", "cpr", HONOURED),                # llama.cpp's extras
+    ("min_p", "cpr", HONOURED),
+    ("repeat_penalty", "cpr", HONOURED),
+    ("repeat_last_n", "cpr", HONOURED),
+    ("chat_template_kwargs", "c", HONOURED),   # enable_thinking
+    # accepted, no behaviour here
+    ("user", "cpr", NO_OP),
+    ("metadata", "cr", NO_OP),
+    ("safety_identifier", "cr", NO_OP),
+    ("store", "cr", NO_OP),
+    ("prompt_cache_key", "cr", NO_OP),
+    ("prompt_cache_options", "cr", NO_OP),
+    ("prompt_cache_retention", "cr", NO_OP),
+    ("parallel_tool_calls", "cr", NO_OP),
+    ("stream_options", "r", NO_OP),
+    ("image", "r", NO_OP),
+    # refused unless neutral
+    ("n", "cp", _refused(1, why="one answer per request (n = 1)")),
+    ("best_of", "p", _refused(1, why="one answer per request (best_of = 1)")),
+    ("logprobs", "c", _refused(False, why="no log probabilities are returned")),
+    ("logprobs", "p", _refused(why="no log probabilities are returned")),
+    ("top_logprobs", "cr", _refused(0, why="no log probabilities are returned")),
+    ("echo", "p", _refused(False, why="the prompt is not echoed")),
+    ("suffix", "p", _refused("", why="no insertion (suffix) mode")),
+    ("tools", "cr", _refused([], why=_NO_TOOLS)),
+    ("tool_choice", "cr", _refused("none", why=_NO_TOOLS)),
+    ("functions", "c", _refused([], why=_NO_TOOLS)),
+    ("function_call", "c", _refused("none", why=_NO_TOOLS)),
+    ("max_tool_calls", "r", _refused(why=_NO_TOOLS)),
+    ("audio", "c", _refused(why="text output only")),
+    ("modalities", "c", _refused(["text"], why="text output only")),
+    ("prediction", "c", _refused(why="no predicted outputs")),
+    ("web_search_options", "c", _refused(why="no web search")),
+    ("reasoning_effort", "c", _refused(
+        why="no reasoning effort; Qwen3's thinking is switched by "
+        "chat_template_kwargs.enable_thinking")),
+    ("reasoning", "r", _refused({}, why="no reasoning options")),
+    ("verbosity", "c", _refused("medium", why="no verbosity control")),
+    ("moderation", "cr", _refused(why="no moderation")),
+    ("service_tier", "cr", _refused("auto", "default", why="one service tier")),
+    ("background", "r", _refused(False, why="no background responses")),
+    ("background_options", "r", _refused({}, why="no background responses")),
+    ("conversation", "r", _refused(why=_NO_STORE)),
+    ("previous_response_id", "r", _refused(why=_NO_STORE)),
+    ("include", "r", _refused([], why="no additional output data")),
+    ("prompt", "r", _refused(why="no stored prompt templates")),
+    ("truncation", "r", _refused(
+        "disabled", why="the input is never truncated (too long is a 400)")),
+    ("context_management", "r", _refused([], why="no context management")),
+    ("access_programs", "r", _refused({}, why="no access programs")),
+]
+
+ROUTES = {"c": "chat", "p": "completion", "r": "responses"}
+
+
+def _fields() -> dict[str, dict[str, Rule]]:
+    out: dict[str, dict[str, Rule]] = {kind: {} for kind in ROUTES.values()}
+    for name, routes, rule in _TABLE:
+        for letter in routes:
+            assert name not in out[ROUTES[letter]], (name, letter)
+            out[ROUTES[letter]][name] = rule
+    return out
+
+
+FIELDS = _fields()      # route -> field -> Rule
+
+
+def _is_neutral(value, neutral: tuple) -> bool:
+    """`value` is one of `neutral`, type for type (True is not 1, 1.0 is not 1)."""
+    return any(value is n or (type(value) is type(n) and value == n) for n in neutral)
+
+
 # --- request bodies -------------------------------------------------------------------
 
 def _models():
     """The pydantic models of the request bodies, built on first use (pydantic is
-    imported only by the server)."""
+    imported only by the server).  Their fields are exactly the honoured rows of
+    `FIELDS` (tests/test_server.py checks)."""
     from pydantic import BaseModel, ConfigDict, FiniteFloat, StrictStr
 
     class Body(BaseModel):
-        # strict: "5" is not an integer, 1 is not a boolean (OpenAI's rules);
-        # unknown fields are ignored, as OpenAI-compatible servers do (clients send
-        # `user`, `store`, `metadata`, ...).
-        model_config = ConfigDict(strict=True, extra="ignore")
+        # strict: "5" is not an integer, 1 is not a boolean (OpenAI's rules).
+        # extra="allow": a nested field outside the schema (a message's `name`)
+        # is kept aside, to be named in the "ignored" warning (`_extras`).
+        model_config = ConfigDict(strict=True, extra="allow")
 
     class TextPart(Body):
         type: StrictStr
@@ -110,14 +285,18 @@ def _models():
     class Message(Body):
         role: StrictStr
         content: Union[StrictStr, list[TextPart], None] = None
+        # documented, refused unless empty (App._messages)
+        tool_calls: Optional[list] = None
+        function_call: Optional[Any] = None
+        audio: Optional[Any] = None
 
     class StreamOptions(Body):
         include_usage: bool = False
+        include_obfuscation: Optional[bool] = None     # no-op (see _TABLE)
 
     class Sampling(Body):
         model: StrictStr
         stream: bool = False
-        stream_options: Optional[StreamOptions] = None
         temperature: Optional[FiniteFloat] = None
         top_p: Optional[FiniteFloat] = None
         top_k: Optional[int] = None
@@ -128,32 +307,31 @@ def _models():
         frequency_penalty: Optional[FiniteFloat] = None
         seed: Optional[int] = None
         stop: Union[StrictStr, list[StrictStr], None] = None
-        n: Optional[int] = None
-        response_format: Optional[dict] = None
-        logprobs: Optional[Union[bool, int]] = None
-        tools: Optional[list] = None
+        logit_bias: Optional[dict] = None               # checked by _logit_bias
 
     class Chat(Sampling):
         messages: list[Message]
+        stream_options: Optional[StreamOptions] = None
         max_tokens: Optional[int] = None
         max_completion_tokens: Optional[int] = None
         chat_template_kwargs: Optional[dict] = None
+        response_format: Optional[dict] = None
 
     class Completion(Sampling):
         prompt: Union[StrictStr, list[StrictStr], list[int]]
+        stream_options: Optional[StreamOptions] = None
         max_tokens: Optional[int] = 16          # OpenAI's default for completions
-        echo: Optional[bool] = None
-        suffix: Optional[StrictStr] = None
+        response_format: Optional[dict] = None
 
     class ResponseText(Body):
         format: Optional[dict] = None
+        verbosity: Optional[Any] = None         # refused unless "medium"
 
     class Responses(Sampling):
         input: Union[StrictStr, list[dict]]
         instructions: Optional[StrictStr] = None
         max_output_tokens: Optional[int] = None
         text: Optional[ResponseText] = None
-        previous_response_id: Optional[StrictStr] = None
 
     return dict(chat=Chat, completion=Completion, responses=Responses,
                 message=Message)
@@ -162,16 +340,33 @@ def _models():
 _MODELS: dict | None = None
 
 
-def _parse(kind: str, data: Any):
+def _parse(kind: str, raw: bytes, route: str = ""):
+    """(A worker thread.)  A request body -> its pydantic model, by `FIELDS`:
+    refused fields are a 400 naming them, no-ops are dropped, fields outside the
+    schema are dropped and named in one warning (as vLLM words it)."""
     global _MODELS
     from pydantic import ValidationError
 
-    if _MODELS is None:
-        _MODELS = _models()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:     # RecursionError: deep nesting
+        raise ApiError(400, f"the request body is not valid JSON: {e}",
+                       code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    if _MODELS is None:
+        _MODELS = _models()
+    rules, kept, ignored = FIELDS[kind], {}, []
+    for name, value in data.items():
+        rule = rules.get(name)
+        if rule is None:
+            ignored.append(name)
+        elif rule.kind == "honoured":
+            kept[name] = value
+        elif rule.kind == "refused" and not _is_neutral(value, rule.neutral):
+            raise _unsupported(name, rule)
     try:
-        return _MODELS[kind].model_validate(data)
+        req = _MODELS[kind].model_validate(kept)
     except ValidationError as e:
         first = e.errors()[0]
         param = _param(first.get("loc", ()))
@@ -183,6 +378,37 @@ def _parse(kind: str, data: Any):
         raise ApiError(400, message, param=param,
                        code="missing_required_parameter" if kind_ == "missing"
                        else "invalid_type") from None
+    ignored += _extras(req)
+    if kind == "chat" and req.chat_template_kwargs:      # only enable_thinking is read
+        ignored += [f"chat_template_kwargs.{k}" for k in req.chat_template_kwargs
+                    if k != "enable_thinking"]
+    if ignored:
+        log.warning("The following fields were present in the request but ignored: "
+                    "%s%s", ", ".join(repr(n)[:80] for n in ignored[:20])
+                    + (f" (and {len(ignored) - 20} more)" if len(ignored) > 20 else ""),
+                    f" ({route})" if route else "")
+    return req
+
+
+def _unsupported(param: str, rule: Rule) -> "ApiError":
+    return ApiError(400, f"Unsupported parameter: '{param}' is not supported by this "
+                    f"server ({rule.why}).", param=param, code="unsupported_parameter")
+
+
+def _extras(model, path: str = "") -> list[str]:
+    """The nested fields outside the schema that pydantic kept aside (extra=
+    "allow"), by their path: messages[0].name."""
+    from pydantic import BaseModel
+
+    out = [f"{path}.{k}" if path else k for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value, where = getattr(model, name), f"{path}.{name}" if path else name
+        if isinstance(value, BaseModel):
+            out += _extras(value, where)
+        elif isinstance(value, list) and value and isinstance(value[0], BaseModel):
+            for i, item in enumerate(value):      # (a list of ids is not walked)
+                out += _extras(item, f"{where}[{i}]")
+    return out
 
 
 _UNION_MEMBERS = {"str", "int", "bool", "float", "dict", "list", "none"}
@@ -201,15 +427,41 @@ def _param(loc) -> str:
     return out
 
 
-def _sampler_config(req) -> SamplerConfig:
+def _sampler_config(req, vocab_size: int) -> SamplerConfig:
     changes = {name: getattr(req, name) for name in (
         "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
         "presence_penalty", "frequency_penalty", "seed") if getattr(req, name) is not None}
+    if req.logit_bias:
+        changes["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
     try:
         return SamplerConfig(**changes)
     except InvalidSamplerConfig as e:
         raise ApiError(400, str(e), param=str(e).split()[0],
                        code="invalid_value") from None
+
+
+def _logit_bias(value: dict, vocab_size: int) -> dict[int, float]:
+    """OpenAI's `logit_bias`: {"token id": bias}, JSON keys being strings; each id
+    inside the vocabulary, each bias a number in [-100, 100] (OpenAI's range; a
+    bias of -100 bans the token, +100 all but forces it)."""
+    out = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()):
+            raise ApiError(400, f"logit_bias keys must be token ids (decimal integers "
+                           f"as strings), got {key!r:.40}", param="logit_bias",
+                           code="invalid_value")
+        tid = int(key) if len(key) <= 12 else vocab_size     # int() caps digits
+        if tid >= vocab_size:
+            raise ApiError(400, f"logit_bias: token id {key:.40} is outside the "
+                           f"vocabulary (0 .. {vocab_size - 1})", param="logit_bias",
+                           code="invalid_value")
+        if (isinstance(bias, bool) or not isinstance(bias, (int, float))
+                or not -100 <= bias <= 100):       # NaN fails the comparison too
+            raise ApiError(400, f"logit_bias: the bias of token {tid} must be a number "
+                           f"in [-100, 100], got {bias!r:.40}", param="logit_bias",
+                           code="invalid_value")
+        out[tid] = float(bias)
+    return out
 
 
 def _stop_list(stop) -> list[str]:
@@ -309,10 +561,13 @@ class ThinkSplitter:
 
 class App:
     """The routes over one `Scheduler`.  `model_id`: the name clients pass as
-    `model` (the file's name and stem are accepted too)."""
+    `model` (the file's name and stem are accepted too).  `access`: who may call
+    from a browser, and under which Host names (`Access`; default: loopback only,
+    no other origin)."""
 
     def __init__(self, scheduler: Scheduler, model_id: str, *,
-                 api_key: str | None = None, max_body: int = MAX_BODY):
+                 api_key: str | None = None, max_body: int = MAX_BODY,
+                 access: "Access | None" = None):
         self.scheduler = scheduler
         self.model = scheduler.model
         self.tokenizer = self.model.tokenizer
@@ -323,6 +578,10 @@ class App:
         self.created = int(path.stat().st_mtime)
         self.api_key = api_key
         self.max_body = max_body
+        self.access = access if access is not None else Access("127.0.0.1", 0)
+        # no token spells more bytes than this: a prompt of B bytes has at least
+        # ceil(B / longest_token) tokens (`_check_bound`)
+        self.longest_token = max(1, max(map(len, self.tokenizer.token_bytes)))
         self.asgi = self._build()
 
     # --- plumbing ----------------------------------------------------------------
@@ -370,7 +629,7 @@ class App:
         route("/v1/chat/completions", self.chat, "POST")
         route("/v1/completions", self.completions, "POST")
         route("/v1/responses", self.responses, "POST")
-        return _Guard(app, self.api_key, self.max_body)
+        return _Guard(app, self.api_key, self.max_body, self.access)
 
     async def health(self, request):
         """200 while the engine thread runs, 503 once it has stopped (shutting
@@ -399,35 +658,87 @@ class App:
                            f"serves '{self.model_id}'", param="model",
                            code="model_not_found")
 
-    async def _body(self, request) -> Any:
+    async def _body(self, request) -> bytes:
+        """The raw body, at most `max_body` bytes (a chunked body is counted as it
+        arrives); parsing it is `_prepare`'s work, off the event loop."""
+        from starlette.requests import ClientDisconnect
+
         size = 0
         chunks = []
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                raise ApiError(413, f"the request body is over {self.max_body} bytes",
-                               code="request_too_large")
-            chunks.append(chunk)
-        raw = b"".join(chunks)
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise ApiError(400, f"the request body is not valid JSON: {e}",
-                           code="invalid_json") from None
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self.max_body:
+                    raise ApiError(413, f"the request body is over {self.max_body} "
+                                   "bytes", code="request_too_large")
+                chunks.append(chunk)
+        except ClientDisconnect:         # gone mid-body: nobody to answer, no alarm
+            raise ApiError(499, "client closed the request") from None
+        return b"".join(chunks)
 
-    def _common(self, req) -> None:
-        self._check_model(req.model)
-        if req.n not in (None, 1):
-            raise ApiError(400, f"n must be 1 (one answer per request), got {req.n}",
-                           param="n", code="invalid_value")
-        if req.logprobs:
-            raise ApiError(400, "logprobs are not supported", param="logprobs")
-        if req.tools:
-            raise ApiError(400, "tools are not supported", param="tools")
+    # --- a request, from its body to a submitted job -----------------------------
 
-    async def _sampler(self, req, response_format: dict | None,
-                       param: str = "response_format") -> Sampler:
-        config = _sampler_config(req)
+    async def _serve(self, kind: str, request, respond):
+        """Read the body, reserve a place in the load, prepare and submit the job
+        in a worker thread, then `respond(request, prepared, pending)`.
+
+        Worker thread: starlette's `run_in_threadpool` (anyio's pool, 40 threads).
+        The reservation already bounds how many requests are being prepared at
+        once (parallel + queue_size), so the pool needs no bound of its own.
+        Rejected alternative: a small dedicated executor, which would queue a
+        two-word chat behind a 4 MiB prompt's encoding (head-of-line blocking).
+        The thread is not abandoned if this task is cancelled (anyio waits for
+        it), so a place is never freed while its work still runs.
+
+        A thread shares the GIL with the engine: measured (2 cores), a 200 KB
+        one-word prompt encoded by the old quadratic BPE slowed a concurrent
+        two-word chat from 0.6 s to 52 s (each of its list operations over 200,000
+        parts held the GIL for tens of ms), though /health stayed at 0.1 s; with
+        the O(n log n) BPE and its chunk cap the same prompt costs ~0.5 s, and
+        five of them at once delay that chat to 2.3 s.  A process pool would
+        isolate the engine fully, at the price of a second copy of the tokenizer
+        and the template per process: not worth it while an encoding under the
+        byte bound stays that short."""
+        from starlette.concurrency import run_in_threadpool
+
+        raw = await self._body(request)
+        try:
+            reservation = self.scheduler.reserve()
+        except FucinaError as e:
+            raise _error_of(e) from None
+        pending = _Pending(asyncio.get_running_loop())
+        route = f"{request.method} {request.url.path}"
+        try:
+            prepared = await run_in_threadpool(self._prepare, kind, raw, reservation,
+                                               pending, route)
+            return await respond(request, prepared, pending)
+        except BaseException:
+            pending.cancel()             # a no-op unless a job was submitted
+            raise
+
+    def _prepare(self, kind: str, raw: bytes, reservation, pending: "_Pending",
+                 route: str) -> "_Prepared":
+        """(A worker thread.)  Parse, check, render, encode; submit the job in the
+        reserved place.  The reservation is released on every way out unless the
+        job took it."""
+        with reservation:
+            prepared = getattr(self, f"_prepare_{kind}")(_parse(kind, raw, route))
+            job = Job(ids=prepared.ids, text=prepared.text, sampler=prepared.sampler,
+                      sink=pending.sink, max_tokens=prepared.max_tokens,
+                      stop=prepared.stop)
+            try:
+                self.scheduler.submit(job, reservation)
+            except FucinaError as e:
+                raise _error_of(e) from None
+            pending.job = job
+            pending.cancel = lambda: self.scheduler.cancel(job)
+        return prepared
+
+    def _sampler(self, req, response_format: dict | None,
+                 param: str = "response_format") -> Sampler:
+        """(A worker thread.)  The request's sampler; a grammar for a JSON schema
+        (compiling one can take a while: after every cheaper check)."""
+        config = _sampler_config(req, self.tokenizer.vocab_size)
         processor = None
         if response_format is not None and response_format.get("type") != "text":
             try:  # imported here: the server runs without the grammar engine
@@ -435,17 +746,29 @@ class App:
             except ImportError as e:
                 raise ApiError(400, f"structured output is not available: {e}",
                                param=param) from None
-            from starlette.concurrency import run_in_threadpool
-
             try:
-                factory = await run_in_threadpool(compile_response_format,
-                                                  response_format, self.tokenizer)
+                factory = compile_response_format(response_format, self.tokenizer)
             except GrammarError as e:
                 raise ApiError(400, str(e), param=param,
                                code="unsupported_schema") from None
             if factory is not None:
                 processor = factory.processor()
         return Sampler(config, logit_processor=processor)
+
+    def _check_bound(self, text: str, param: str) -> None:
+        """Refuse a prompt that cannot fit before encoding it: every token spells
+        at most `longest_token` bytes (128 in Qwen's vocabulary), so B bytes are
+        at least ceil(B / longest_token) tokens.  Costs one UTF-8 encoding; the
+        encoder's own cost may grow faster than the text (a quadratic BPE took
+        six minutes on 200,000 repeated characters)."""
+        size = len(text.encode("utf-8", "surrogatepass"))   # as the tokenizer does
+        least = -(-size // self.longest_token)
+        room = self.scheduler.capacity
+        if least + 1 > room:
+            raise ApiError(400, f"the prompt has at least {least} tokens ({size} "
+                           f"bytes, at most {self.longest_token} a token); the context "
+                           f"holds {room} positions (at least 1 is needed to answer)",
+                           param=param, code="context_length_exceeded")
 
     def _check_length(self, ids, param: str) -> None:
         if not ids:
@@ -456,30 +779,27 @@ class App:
                            f"{room} positions (at least 1 is needed to answer)",
                            param=param, code="context_length_exceeded")
 
-    async def _render_chat(self, messages: list[dict], thinking: bool):
-        from starlette.concurrency import run_in_threadpool
-
-        def render():
-            text = self.format.render(messages, no_think=not thinking)
-            return text, self.tokenizer.encode_raw(text)
-
+    def _encode_chat(self, messages: list[dict], thinking: bool,
+                     param: str) -> tuple[str, list[int]]:
+        """(A worker thread.)  Render the template, check the bound, encode."""
         try:
-            return await run_in_threadpool(render)
+            text = self.format.render(messages, no_think=not thinking)
         except FucinaError as e:
             raise ApiError(400, f"the messages cannot be rendered: {e}",
-                           param="messages") from None
+                           param=param) from None
+        self._check_bound(text, param)
+        ids = self._encode(text, param, raw=True)
+        self._check_length(ids, param)
+        return text, ids
 
-    def _submit(self, ids, text, sampler, max_tokens, stop) -> "_Pending":
-        pending = _Pending(asyncio.get_running_loop())
-        job = Job(ids=ids, text=text, sampler=sampler, sink=pending.sink,
-                  max_tokens=max_tokens, stop=stop)
+    def _encode(self, text: str, param: str, *, raw: bool) -> list[int]:
+        """(A worker thread.)  Text -> ids; what the tokenizer refuses (a run of
+        one character class over its chunk limit) is a 400 naming `param`."""
         try:
-            self.scheduler.submit(job)
+            return (self.tokenizer.encode_raw if raw else self.tokenizer.encode)(text)
         except FucinaError as e:
-            raise _error_of(e) from None
-        pending.job = job
-        pending.cancel = lambda: self.scheduler.cancel(job)
-        return pending
+            raise ApiError(400, f"the prompt cannot be encoded: {e}", param=param,
+                           code="invalid_value") from None
 
     def _starts_thinking(self, text: str) -> bool:
         """Did the template open a think block the model is to continue?"""
@@ -489,20 +809,14 @@ class App:
     # --- /v1/chat/completions -------------------------------------------------------
 
     async def chat(self, request):
-        req = _parse("chat", await self._body(request))
-        self._common(req)
+        return await self._serve("chat", request, self._answer_chat)
+
+    def _prepare_chat(self, req) -> "_Prepared":
+        self._check_model(req.model)
         if not req.messages:
             raise ApiError(400, "messages must not be empty", param="messages")
-        messages = []
-        for i, m in enumerate(req.messages):
-            role = ROLES.get(m.role)
-            if role is None:
-                raise ApiError(400, f"unsupported role {m.role!r} (use system, user or "
-                               f"assistant)", param=f"messages[{i}].role")
-            messages.append({"role": role,
-                             "content": _text_of(m.content, f"messages[{i}]")})
-        kwargs = req.chat_template_kwargs or {}
-        thinking = kwargs.get("enable_thinking", True)
+        messages = self._messages(req.messages)
+        thinking = (req.chat_template_kwargs or {}).get("enable_thinking", True)
         if not isinstance(thinking, bool):
             raise ApiError(400, "enable_thinking must be a boolean",
                            param="chat_template_kwargs.enable_thinking")
@@ -510,10 +824,30 @@ class App:
             if req.max_completion_tokens is not None \
             else _max_tokens(req.max_tokens, "max_tokens")
         stop = _stop_list(req.stop)
-        text, ids = await self._render_chat(messages, thinking)
-        self._check_length(ids, "messages")
-        sampler = await self._sampler(req, req.response_format)
-        pending = self._submit(ids, text, sampler, max_tokens, stop)
+        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        text, ids = self._encode_chat(messages, thinking, "messages")
+        sampler = self._sampler(req, req.response_format)
+        return _Prepared(req, text, ids, sampler, max_tokens, stop)
+
+    @staticmethod
+    def _messages(items) -> list[dict]:
+        messages = []
+        for i, m in enumerate(items):
+            role = ROLES.get(m.role)
+            if role is None:
+                raise ApiError(400, f"unsupported role {m.role!r} (use system, user or "
+                               f"assistant)", param=f"messages[{i}].role")
+            for name in ("tool_calls", "function_call", "audio"):
+                if getattr(m, name) not in (None, []):
+                    raise _unsupported(f"messages[{i}].{name}", Rule(
+                        "refused", why=_NO_TOOLS if name != "audio"
+                        else "text output only"))
+            messages.append({"role": role,
+                             "content": _text_of(m.content, f"messages[{i}]")})
+        return messages
+
+    async def _answer_chat(self, request, prep: "_Prepared", pending: "_Pending"):
+        req, text = prep.req, prep.text
         split = self.format.can_think
         meta = dict(id=f"chatcmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                     model=self.model_id)
@@ -531,7 +865,7 @@ class App:
         return {**meta, "object": "chat.completion", "system_fingerprint": None,
                 "choices": [{"index": 0, "message": message, "logprobs": None,
                              "finish_reason": _finish_reason(reply)}],
-                "usage": _usage(reply, len(ids))}
+                "usage": _usage(reply, len(prep.ids))}
 
     def _split(self, raw: str, split: bool, thinking: bool) -> tuple[str, str]:
         if not split:
@@ -578,30 +912,39 @@ class App:
     # --- /v1/completions -------------------------------------------------------------
 
     async def completions(self, request):
-        req = _parse("completion", await self._body(request))
-        self._common(req)
-        if req.echo or req.suffix:
-            raise ApiError(400, "echo and suffix are not supported",
-                           param="echo" if req.echo else "suffix")
+        return await self._serve("completion", request, self._answer_completion)
+
+    def _prepare_completion(self, req) -> "_Prepared":
+        self._check_model(req.model)
         prompt = req.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
             if len(prompt) != 1:
                 raise ApiError(400, "one prompt per request", param="prompt")
             prompt = prompt[0]
-        if isinstance(prompt, str):
-            text = prompt
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = list(prompt)
-            bad = [i for i in ids if not 0 <= i < self.model.config.vocab_size]
-            if bad:
-                raise ApiError(400, f"token id {bad[0]} is outside the vocabulary",
-                               param="prompt")
-            text = self.tokenizer.decode(ids)
-        self._check_length(ids, "prompt")
         max_tokens = _max_tokens(req.max_tokens, "max_tokens")
-        sampler = await self._sampler(req, req.response_format)
-        pending = self._submit(ids, text, sampler, max_tokens, _stop_list(req.stop))
+        stop = _stop_list(req.stop)
+        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        if isinstance(prompt, str):
+            self._check_bound(prompt, "prompt")
+            text = prompt
+            ids = self._encode(prompt, "prompt", raw=False)
+            self._check_length(ids, "prompt")
+        else:
+            self._check_length(prompt, "prompt")   # before a long list is decoded
+            vocab = self.tokenizer.vocab_size
+            bad = next((i for i in prompt if not 0 <= i < vocab), None)
+            if bad is not None:
+                raise ApiError(400, f"token id {bad} is outside the vocabulary "
+                               f"(0 .. {vocab - 1})", param="prompt",
+                               code="invalid_value")
+            ids = list(prompt)
+            text = self.tokenizer.decode(ids)
+        sampler = self._sampler(req, req.response_format)
+        return _Prepared(req, text, ids, sampler, max_tokens, stop)
+
+    async def _answer_completion(self, request, prep: "_Prepared",
+                                 pending: "_Pending"):
+        req = prep.req
         meta = dict(id=f"cmpl-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                     model=self.model_id)
         if req.stream:
@@ -612,7 +955,7 @@ class App:
         return {**meta, "object": "text_completion", "system_fingerprint": None,
                 "choices": [{"index": 0, "text": reply.raw_text, "logprobs": None,
                              "finish_reason": _finish_reason(reply)}],
-                "usage": _usage(reply, len(ids))}
+                "usage": _usage(reply, len(prep.ids))}
 
     async def _completion_events(self, pending, meta, include_usage):
         def chunk(text, finish=None):
@@ -640,12 +983,14 @@ class App:
     # --- /v1/responses -----------------------------------------------------------------
 
     async def responses(self, request):
-        req = _parse("responses", await self._body(request))
-        self._common(req)
-        if req.previous_response_id:
-            raise ApiError(400, "previous_response_id is not supported: this server "
-                           "stores no responses; send the history in `input`",
-                           param="previous_response_id")
+        return await self._serve("responses", request, self._answer_responses)
+
+    def _prepare_responses(self, req) -> "_Prepared":
+        self._check_model(req.model)
+        if req.text is not None and not _is_neutral(req.text.verbosity,
+                                                    (None, "medium")):
+            raise _unsupported("text.verbosity", Rule(
+                "refused", why="no verbosity control"))
         messages = [{"role": "system", "content": req.instructions}] \
             if req.instructions else []
         if isinstance(req.input, str):
@@ -656,6 +1001,7 @@ class App:
         if not any(m["role"] != "system" for m in messages):
             raise ApiError(400, "input must hold at least one message", param="input")
         max_tokens = _max_tokens(req.max_output_tokens, "max_output_tokens")
+        stop = _stop_list(req.stop)
         response_format = None
         if req.text is not None and req.text.format is not None:
             fmt = dict(req.text.format)     # the Responses API's spelling
@@ -664,13 +1010,17 @@ class App:
                     k: v for k, v in fmt.items() if k in ("name", "schema", "strict")}}
             else:
                 response_format = fmt
-        text, ids = await self._render_chat(messages, thinking=True)
-        self._check_length(ids, "input")
-        sampler = await self._sampler(req, response_format, "text.format")
-        pending = self._submit(ids, text, sampler, max_tokens, _stop_list(req.stop))
+        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        text, ids = self._encode_chat(messages, True, "input")
+        sampler = self._sampler(req, response_format, "text.format")
+        return _Prepared(req, text, ids, sampler, max_tokens, stop)
+
+    async def _answer_responses(self, request, prep: "_Prepared",
+                                pending: "_Pending"):
+        req, text = prep.req, prep.text
         state = dict(id=f"resp_{uuid.uuid4().hex[:24]}", msg=f"msg_{uuid.uuid4().hex[:24]}",
                      created=time.time(), req=req, split=self.format.can_think,
-                     thinking=self._starts_thinking(text), n_prompt=len(ids))
+                     thinking=self._starts_thinking(text), n_prompt=len(prep.ids))
         if req.stream:
             return _EventStream(self._response_events(pending, state), pending.cancel)
         reply = await pending.result(request)
@@ -784,6 +1134,19 @@ class App:
                 return
 
 
+@dataclass
+class _Prepared:
+    """A request made ready in the worker thread: what its job runs, and its body
+    (the answer's shape depends on it)."""
+
+    req: Any
+    text: str
+    ids: list[int]
+    sampler: Sampler
+    max_tokens: int | None
+    stop: list[str]
+
+
 # --- answers -----------------------------------------------------------------------------
 
 def _finish_reason(reply) -> str:
@@ -832,22 +1195,30 @@ class _Pending:
             if kind != "text":
                 return
 
-    async def result(self, request):
+    async def result(self, request, every: float = 0.25):
         """The reply, once the job is done; the job is cancelled if the client goes
-        away first (its slot is free at the next step)."""
+        away first (its slot is free at the next step).  The connection is checked
+        every `every` seconds whether or not text arrives: checked only when none
+        had arrived for that long, a job whose tokens came faster than that ran to
+        its end for a client long gone (seen: 94 tokens after the disconnect)."""
+        loop = asyncio.get_running_loop()
+        check = loop.time() + every
         try:
             while True:
                 try:
-                    kind, payload = await asyncio.wait_for(self.queue.get(), 0.25)
+                    kind, payload = await asyncio.wait_for(
+                        self.queue.get(), max(0.0, check - loop.time()))
                 except asyncio.TimeoutError:
-                    if await request.is_disconnected():
-                        self.cancel()
-                        raise ApiError(499, "client closed the request") from None
-                    continue
+                    kind = None
                 if kind == "done":
                     return payload
                 if kind == "error":
                     raise _error_of(payload)
+                if loop.time() >= check:
+                    if await request.is_disconnected():
+                        self.cancel()
+                        raise ApiError(499, "client closed the request") from None
+                    check = loop.time() + every
         finally:
             if self.job is not None and not self.job.over:
                 self.cancel()
@@ -901,37 +1272,170 @@ def _EventStream(content, on_close):
 _EVENT_STREAM = None
 
 
+class Access:
+    """Which browser origins may call the server, and which Host names it answers.
+
+    Origins: a request that carries an `Origin` header (a browser, on behalf of a
+    page) is refused unless the origin is the server's own (http://127.0.0.1:PORT,
+    http://localhost:PORT, http://[::1]:PORT, http://HOST:PORT) or one of
+    `cors_origins` ("*": any); those allowed get CORS headers.  Without this, any
+    page the user visits may POST to the local server: a `text/plain` body is a
+    "simple" request, sent without a preflight, and the server would parse it.
+
+    Hosts (DNS rebinding: an attacker's name that resolves to 127.0.0.1 makes the
+    page same-origin with the server): on a loopback address, the `Host` header
+    must be a loopback name or address (localhost, *.localhost, 127.x.x.x, [::1];
+    any port) or one of `allow_hosts` ("*": any).  On another address (the user
+    exposed the port on purpose) Host is checked only if `allow_hosts` is given,
+    and then the bound address and the loopback names are allowed too.  Ollama
+    keeps the same two rules (OLLAMA_ORIGINS, and its Host check on loopback)."""
+
+    def __init__(self, host: str, port: int, cors_origins=(), allow_hosts=()):
+        origins = [normalize_origin(o) for o in cors_origins]
+        self.any_origin = "*" in origins
+        named = f"[{host}]" if ":" in host else host
+        own = {f"http://{h}:{port}" for h in ("127.0.0.1", "localhost", "[::1]",
+                                              named.lower())}
+        if port == 80:       # a browser leaves the default port out of an Origin
+            own |= {o[:-3] for o in own}
+        self.origins = frozenset(own | {o for o in origins if o != "*"})
+        hosts = [_host_name(h) for h in allow_hosts if h.strip()]   # a port: dropped
+        self.any_host = "*" in hosts
+        self.hosts = frozenset(hosts) | {host.lower()}
+        self.check_host = not self.any_host and (is_loopback(host) or bool(hosts))
+
+    def origin_allowed(self, origin: str) -> bool:
+        return self.any_origin or origin.lower().rstrip("/") in self.origins
+
+    def host_allowed(self, value: str | None) -> bool:
+        if not self.check_host or value is None:   # HTTP/1.0 may send no Host
+            return True
+        name = _host_name(value)
+        return _loopback_name(name) or name in self.hosts
+
+
+def normalize_origin(value: str) -> str:
+    """An origin as a browser sends it: scheme://host[:port], lower case, no path
+    (a trailing slash is dropped); "*" and "null" stay as they are."""
+    o = value.strip().lower().rstrip("/")
+    if o in ("*", "null"):
+        return o
+    scheme, sep, rest = o.partition("://")
+    if not sep or not scheme.isalpha() or not rest or "/" in rest or "@" in rest:
+        raise FucinaError(f"--cors-origins: {value!r} is not an origin "
+                          "(scheme://host[:port], e.g. http://localhost:3000, or *)")
+    return o
+
+
+def _host_name(value: str) -> str:
+    """A Host header -> the name or address in it, lower case, port dropped."""
+    v = value.strip().lower()
+    if v.startswith("["):                        # [::1]:8080
+        return v[1:v.find("]")] if "]" in v else v
+    if v.count(":") == 1:
+        v = v.split(":")[0]
+    return v.rstrip(".")
+
+
+def _loopback_name(name: str) -> bool:
+    import ipaddress
+
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+PREFLIGHT_MAX_AGE = 600      # seconds a browser may cache a preflight's answer
+
+
 class _Guard:
-    """Pure ASGI middleware: the API key (every route but /health) and the body
-    size limit by Content-Length, before any route runs (a chunked body is also
-    counted as it is read: `App._body`).  Pure ASGI rather than starlette's
+    """Pure ASGI middleware, before any route runs: the Host and Origin rules
+    (`Access`; preflights answered here), the API key (every route but /health),
+    and the body size limit by Content-Length (a chunked body is also counted as
+    it is read: `App._body`).  Pure ASGI rather than starlette's
     BaseHTTPMiddleware, which wraps streaming responses and gets in the way of
     noticing a disconnect."""
 
-    def __init__(self, app, api_key: str | None, max_body: int):
-        self.app, self.max_body = app, max_body
+    def __init__(self, app, api_key: str | None, max_body: int, access: Access):
+        self.app, self.max_body, self.access = app, max_body, access
         self.key = f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            if self.key is not None and scope.get("path") != "/health":
-                given = headers.get(b"authorization", b"")
-                if not hmac.compare_digest(given, self.key):
-                    return await _send(send, ApiError(
-                        401, "Incorrect or missing API key: send 'Authorization: "
-                        "Bearer <key>'", code="invalid_api_key"))
-            length = headers.get(b"content-length")
-            if length is not None:
-                try:
-                    too_big = int(length) > self.max_body
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    return await _send(send, ApiError(
-                        413, f"the request body is over {self.max_body} bytes",
-                        code="request_too_large"))
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        host = headers.get(b"host")
+        if not self.access.host_allowed(None if host is None
+                                        else host.decode("latin-1")):
+            return await _send(send, ApiError(
+                403, f"Host {host.decode('latin-1')[:100]!r} refused: this server "
+                "answers to loopback names only (start it with --allow-hosts NAME "
+                "to add one)", code="host_not_allowed"))
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1")
+            if not self.access.origin_allowed(text):
+                return await _send(send, ApiError(
+                    403, f"cross-origin request from {text[:100]!r} refused: start the "
+                    "server with --cors-origins ORIGIN to allow a web page to call it",
+                    code="origin_not_allowed"))
+            cors = [(b"access-control-allow-origin", origin), (b"vary", b"Origin")]
+            if (scope.get("method") == "OPTIONS"
+                    and b"access-control-request-method" in headers):
+                return await _preflight(send, cors, headers)
+            send = _adding(send, cors + [(b"access-control-expose-headers",
+                                          b"Retry-After")])
+        if self.key is not None and scope.get("path") != "/health":
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.key):
+                return await _send(send, ApiError(
+                    401, "Incorrect or missing API key: send 'Authorization: "
+                    "Bearer <key>'", code="invalid_api_key"))
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                too_big = int(length) > self.max_body
+            except ValueError:
+                too_big = False
+            if too_big:
+                return await _send(send, ApiError(
+                    413, f"the request body is over {self.max_body} bytes",
+                    code="request_too_large"))
         await self.app(scope, receive, send)
+
+
+async def _preflight(send, cors: list, headers: dict) -> None:
+    """A CORS preflight from an allowed origin: 204, the methods, and the request
+    headers the page asked for (Authorization and Content-Type always), so that
+    clients sending their own headers (the JavaScript `openai` client's
+    x-stainless-*) work; the origin was chosen by the user, so it is trusted."""
+    asked = headers.get(b"access-control-request-headers", b"").decode("latin-1")
+    names = {"Authorization", "Content-Type"}
+    names |= {h.strip() for h in asked.split(",")
+              if h.strip() and all(c.isalnum() or c in "-_" for c in h.strip())}
+    out = cors[:1] + [
+        (b"access-control-allow-methods", b"GET, POST, OPTIONS"),
+        (b"access-control-allow-headers", ", ".join(sorted(names)).encode()),
+        (b"access-control-max-age", str(PREFLIGHT_MAX_AGE).encode()),
+        (b"vary", b"Origin, Access-Control-Request-Method, "
+                  b"Access-Control-Request-Headers"),
+        (b"content-length", b"0")]
+    if headers.get(b"access-control-request-private-network") == b"true":
+        out.append((b"access-control-allow-private-network", b"true"))  # Chrome PNA
+    await send({"type": "http.response.start", "status": 204, "headers": out})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def _adding(send, extra: list):
+    """`send`, with `extra` headers added to the response's start."""
+    async def wrapped(message):
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": list(message.get("headers", [])) + extra}
+        await send(message)
+    return wrapped
 
 
 async def _send(send, error: ApiError) -> None:
@@ -950,26 +1454,26 @@ class Server:
     """A scheduler, the app, and uvicorn on a socket bound at construction (so a
     busy port is a `FucinaError` before anything starts, and port 0 picks a free
     one: `url` says which).  `run()` serves in this thread until SIGINT/SIGTERM;
-    `start()` serves in a background thread (tests, notebooks) until `stop()`."""
+    `start()` serves in a background thread (tests, notebooks) until `stop()`.
+    `cors_origins`, `allow_hosts`: see `Access`.
+
+    If the engine thread dies (a bug in its loop), uvicorn is told to exit at its
+    next tick (0.1 s) and `run()` raises a `FucinaError` saying why: a server that
+    cannot answer any more ends its process instead of answering 503 forever."""
 
     def __init__(self, model, *, model_id: str | None = None, host: str = "127.0.0.1",
                  port: int = 8080, parallel: int = 4, ctx: int | None = None,
                  cache_type: str = "f16", queue_size: int | None = None,
                  api_key: str | None = None, max_body: int = MAX_BODY,
                  prefill_chunk: int = 64, log_level: str = "warning",
-                 speculator=None):
+                 speculator=None, cors_origins=(), allow_hosts=()):
         import importlib.util
 
         missing = [m for m in ("fastapi", "uvicorn") if not importlib.util.find_spec(m)]
         if missing:
             raise FucinaError(f"fucina serve needs {' and '.join(missing)}: "
                               "pip install -r requirements.txt")
-        self.scheduler = Scheduler(model, parallel=parallel, capacity=ctx,
-                                   cache_type=cache_type, queue_size=queue_size,
-                                   prefill_chunk=prefill_chunk,
-                                   speculator=speculator)
-        self.app = App(self.scheduler, model_id or model.path.stem, api_key=api_key,
-                       max_body=max_body)
+        cors_origins = [normalize_origin(o) for o in cors_origins]   # before binding
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.socket(family, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -981,6 +1485,17 @@ class Server:
             raise FucinaError(f"cannot listen on {host}:{port}: {e.strerror or e}") \
                 from None
         self.host, self.port = host, self.socket.getsockname()[1]
+        try:
+            self.scheduler = Scheduler(model, parallel=parallel, capacity=ctx,
+                                       cache_type=cache_type, queue_size=queue_size,
+                                       prefill_chunk=prefill_chunk,
+                                       speculator=speculator)
+            self.access = Access(host, self.port, cors_origins, allow_hosts)
+            self.app = App(self.scheduler, model_id or model.path.stem,
+                           api_key=api_key, max_body=max_body, access=self.access)
+        except BaseException:
+            self.socket.close()
+            raise
         self.log_level = log_level
         self._uvicorn = None
         self._thread: threading.Thread | None = None
@@ -1008,6 +1523,12 @@ class Server:
                 else:
                     self.should_exit = True
 
+            async def on_tick(self, counter: int) -> bool:
+                # every 0.1 s: a dead engine thread stops the server
+                if scheduler.failure is not None:
+                    self.should_exit = True
+                return await super().on_tick(counter)
+
         config = uvicorn.Config(self.app.asgi, log_level=self.log_level,
                                 timeout_graceful_shutdown=5, lifespan="off",
                                 access_log=False)
@@ -1015,7 +1536,9 @@ class Server:
         return self._uvicorn
 
     def run(self) -> None:
-        """Serve until SIGINT or SIGTERM; then cancel what runs and return."""
+        """Serve until SIGINT or SIGTERM; then cancel what runs and return.  If the
+        engine thread failed, raise a `FucinaError` (one line) once uvicorn has
+        shut down."""
         server = self._make_uvicorn()
         self.scheduler.start()
         try:
@@ -1024,6 +1547,15 @@ class Server:
             self.scheduler.shutdown()
             self.scheduler.join(10)
             self.socket.close()
+        self.raise_failure()
+
+    def raise_failure(self) -> None:
+        """A `FucinaError` if the engine thread died of an error (the log has its
+        traceback: it is a bug)."""
+        failure = self.scheduler.failure
+        if failure is not None:
+            raise FucinaError(f"the engine thread failed ({_one_line(failure)}); "
+                              "the server stopped")
 
     def start(self) -> "Server":
         """Serve in a background thread; returns once the server accepts requests."""

@@ -17,8 +17,8 @@ import pytest
 
 from fucina_course.errors import FucinaError
 from fucina_course.sampler import (InvalidSamplerConfig, Mt19937Uniform, Sampler,
-                                   SamplerConfig, apply_penalties, draw, min_p,
-                                   softmax, top_k, top_p)
+                                   SamplerConfig, apply_logit_bias, apply_penalties,
+                                   draw, min_p, softmax, top_k, top_p)
 
 N_VECTORS = 1000
 VOCAB = 4096
@@ -170,6 +170,48 @@ def test_penalties_match_llama(llama):
         assert np.array_equal(out["logit"], ours)
 
 
+def llama_bias(llama, bias: dict, n_vocab: int = VOCAB):
+    """llama.cpp's `logit_bias` sampler over {id: bias} (it copies the array)."""
+    L = llama.L
+    arr = (L.llama_logit_bias * len(bias))(*[L.llama_logit_bias(token=t, bias=b)
+                                             for t, b in bias.items()])
+    return llama.logit_bias(n_vocab, len(bias), arr)
+
+
+def test_logit_bias_matches_llama(llama):
+    """The stage alone: llama.cpp's `logit_bias` sampler, bit for bit."""
+    rng = np.random.default_rng(16)
+    for _ in range(200):
+        x = random_logits(rng)
+        n = int(rng.integers(1, 50))
+        ids = rng.choice(VOCAB, n, replace=False)
+        bias = {int(t): float(np.float32(rng.uniform(-100, 100))) for t in ids}
+        out, _ = llama.apply([llama_bias(llama, bias)], np.arange(VOCAB), x)
+        ours = apply_logit_bias(x, list(bias), list(bias.values()))
+        assert np.array_equal(out["logit"], ours)
+
+
+def test_logit_bias_first_in_the_chain_draws_the_same_tokens_as_llama(llama):
+    """logit_bias -> penalties -> top-k -> temp -> top-p -> min-p -> dist: llama.cpp's
+    own order for logit_bias (common_sampler puts it first), 1,000 seeded tokens;
+    the biases change what is drawn."""
+    rng = np.random.default_rng(17)
+    vectors = repetitive_logits(rng)
+    favourites = np.argsort(-vectors[0])[:40]
+    bias = {int(t): float(b) for t, b in zip(favourites[::2], rng.uniform(-6, 3, 20))}
+    bias[int(rng.integers(VOCAB))] = 8.0
+    cfg = SamplerConfig(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02,
+                        presence_penalty=0.4, repeat_last_n=32, seed=21,
+                        logit_bias=bias)
+    chain = [llama_bias(llama, bias), llama.penalties(VOCAB, 32, 1.0, 0.0, 0.4),
+             llama.top_k(40), llama.temp(0.9), llama.top_p(0.9, 1),
+             llama.min_p(0.02, 1), llama.dist(21)]
+    ours, theirs = run_both(llama, cfg, chain, vectors)
+    assert ours == theirs
+    plain = Sampler(cfg.with_(logit_bias=()))
+    assert [plain.next(x) for x in vectors] != ours
+
+
 def test_whole_chain_draws_the_same_tokens_as_llama(llama):
     """penalties -> top-k -> temp -> top-p -> min-p -> dist, same seed: the same
     1,000 tokens, because the random stream is llama.cpp's own."""
@@ -276,6 +318,54 @@ def test_frequency_and_presence_penalties_by_hand():
                             3.0,                            # not in the history
                             1.0]                            # outside the window
     assert x.tolist() == [2.0, -1.0, 0.5, 3.0, 1.0]        # the caller's copy
+
+
+def test_logit_bias_by_hand():
+    """Each bias added to its token's logit before anything else: the distribution
+    is the softmax of the biased scores, computed here by hand."""
+    x = np.array([1.0, 2.0, 0.5, -1.0], np.float32)
+    cfg = SamplerConfig(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0,
+                        max_candidates=0, logit_bias={0: 3.0, 1: -100.0, 3: 0.25})
+    assert cfg.logit_bias == ((0, 3.0), (1, -100.0), (3, 0.25))   # frozen pairs
+    biased = [1.0 + 3.0, 2.0 - 100.0, 0.5, -1.0 + 0.25]
+    total = sum(math.exp(v) for v in biased)
+    ids, probs = Sampler(cfg).distribution(x)
+    order = sorted(range(4), key=lambda i: -biased[i])
+    assert ids.tolist() == order
+    assert np.allclose(probs, [math.exp(biased[i]) / total for i in order],
+                       rtol=1e-6, atol=1e-12)
+    assert apply_logit_bias(x, [0, 1, 3], [3.0, -100.0, 0.25]).tolist() == biased
+    assert x.tolist() == [1.0, 2.0, 0.5, -1.0]              # the caller's copy
+
+
+def test_logit_bias_bans_and_forces_under_greedy():
+    x = random_logits(np.random.default_rng(18))
+    best, second, worst = (int(i) for i in np.argsort(-x)[[0, 1, -1]])
+    greedy = SamplerConfig.greedy()
+    assert Sampler(greedy).next(x) == best
+    assert Sampler(greedy.with_(logit_bias={best: -100})).next(x) == second
+    assert Sampler(greedy.with_(logit_bias={worst: 100})).next(x) == worst
+    # a banned token never comes back through sampling either
+    banned = Sampler(SamplerConfig(temperature=1.5, top_k=0, seed=3,
+                                   logit_bias={best: -100.0, second: -100.0}))
+    assert not {best, second} & {banned.next(x) for _ in range(300)}
+
+
+@pytest.mark.parametrize("bias, word", [
+    ({-1: 1.0}, "token ids"), ({True: 1.0}, "token ids"), ({"5": 1.0}, "token ids"),
+    ({5: float("nan")}, "finite"), ({5: float("inf")}, "finite"), ({5: "1"}, "finite"),
+    ([(5, 1.0), (5, 2.0)], "twice"), (7, "mapping"),
+])
+def test_bad_logit_bias_is_a_one_line_error(bias, word):
+    with pytest.raises(InvalidSamplerConfig, match=word) as e:
+        SamplerConfig(logit_bias=bias)
+    assert "\n" not in str(e.value)
+
+
+def test_logit_bias_outside_the_vocabulary_is_refused_when_sampling():
+    s = Sampler(SamplerConfig(seed=0, logit_bias={10: 1.0}))
+    with pytest.raises(FucinaError, match="outside the vocabulary"):
+        s.next(np.zeros(10, np.float32))
 
 
 # --- randomness --------------------------------------------------------------------

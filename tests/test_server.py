@@ -26,7 +26,8 @@ openai = pytest.importorskip("openai")
 from fucina_course.chat import ChatFormat, Conversation          # noqa: E402
 from fucina_course.sampler import SamplerConfig                  # noqa: E402
 from fucina_course.scheduler import _ExactPrefill                # noqa: E402
-from fucina_course.server import Server, ThinkSplitter           # noqa: E402
+from fucina_course.server import (FIELDS, Access, Server,         # noqa: E402
+                                  ThinkSplitter, _models)
 
 MODEL = "qwen2.5-coder-0.5b"
 QUESTION = "What is the capital of France?"
@@ -79,7 +80,7 @@ def wait_idle(server, timeout=10.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         health = httpx.get(server.url + "/health").json()
-        if health["busy"] == 0 and health["waiting"] == 0:
+        if health["busy"] == health["waiting"] == health["preparing"] == 0:
             return health
         assert time.monotonic() < deadline, f"slots still busy: {health}"
         time.sleep(0.05)
@@ -333,6 +334,228 @@ def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
     assert httpx.get(server.url + "/health").json()["status"] == "ok"
 
 
+# --- the request schema: every documented field honoured, a no-op, or refused ---------
+
+def test_the_field_table_is_the_request_models():
+    """`FIELDS` is the one place that says what a field does: the pydantic models
+    hold exactly its honoured rows."""
+    models = _models()
+    for kind, rules in FIELDS.items():
+        honoured = {name for name, rule in rules.items() if rule.kind == "honoured"}
+        assert honoured == set(models[kind].model_fields), kind
+        for name, rule in rules.items():
+            assert rule.kind in ("honoured", "no-op", "refused"), (kind, name)
+            assert rule.kind != "refused" or (None in rule.neutral and rule.why)
+    # every documented field of each route is in the table (the `openai` client's
+    # own list of them: the keys of its request parameters)
+    from openai.types import completion_create_params as cp
+    from openai.types.chat import completion_create_params as ccp
+    from openai.types.responses import response_create_params as rcp
+
+    for kind, params in (("chat", ccp.CompletionCreateParamsBase),
+                         ("completion", cp.CompletionCreateParamsBase),
+                         ("responses", rcp.ResponseCreateParamsBase)):
+        documented = set(params.__annotations__) | {"stream"}
+        missing = documented - set(FIELDS[kind])
+        assert not missing, (kind, missing)
+
+
+@pytest.mark.parametrize("route, field, value", [
+    ("chat", "n", 2), ("chat", "logprobs", True), ("chat", "top_logprobs", 3),
+    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
+    ("chat", "tool_choice", "required"), ("chat", "modalities", ["text", "audio"]),
+    ("chat", "reasoning_effort", "high"), ("chat", "service_tier", "flex"),
+    ("chat", "prediction", {"type": "content", "content": "x"}),
+    ("completion", "best_of", 2), ("completion", "echo", True),
+    ("completion", "suffix", "}"), ("completion", "logprobs", 0),
+    ("responses", "previous_response_id", "resp_1"),
+    ("responses", "reasoning", {"effort": "high"}), ("responses", "truncation", "auto"),
+    ("responses", "background", True), ("responses", "include", ["reasoning"]),
+    ("responses", "conversation", "conv_1"),
+])
+def test_documented_but_unsupported_fields_are_refused_by_name(server, route, field,
+                                                                value):
+    client = client_of(server)
+    create = {"chat": lambda **kw: ask(client, max_tokens=2, **kw),
+              "completion": lambda **kw: client.completions.create(
+                  model=MODEL, prompt="x", max_tokens=2, **kw),
+              "responses": lambda **kw: client.responses.create(
+                  model=MODEL, input="x", max_output_tokens=2, **kw)}[route]
+    with pytest.raises(openai.BadRequestError) as info:
+        create(extra_body={field: value})
+    assert info.value.param == field and info.value.code == "unsupported_parameter"
+    assert f"'{field}' is not supported" in info.value.message
+
+
+def test_neutral_values_and_no_ops_are_accepted(server):
+    client = client_of(server)
+    reply = ask(client, max_tokens=8, n=1, logprobs=False, tool_choice="none",
+                parallel_tool_calls=False, service_tier="auto", store=True,
+                metadata={"k": "v"}, user="u", modalities=["text"],
+                safety_identifier="s", prompt_cache_key="p",
+                extra_body={"tools": [], "top_logprobs": 0, "verbosity": "medium"})
+    assert "Paris" in reply.choices[0].message.content
+    out = client.completions.create(model=MODEL, prompt="The capital of France is",
+                                    max_tokens=3, temperature=0, n=1, best_of=1,
+                                    echo=False, user="u")
+    assert "Paris" in out.choices[0].text
+    resp = client.responses.create(model=MODEL, input=QUESTION, max_output_tokens=8,
+                                   temperature=0, store=False, truncation="disabled",
+                                   background=False, include=[], metadata={},
+                                   tools=[], parallel_tool_calls=False)
+    assert "Paris" in resp.output_text
+
+
+def test_fields_outside_the_schema_are_ignored_and_logged(server, caplog):
+    client = client_of(server)
+    with caplog.at_level("WARNING", logger="fucina.serve"):
+        reply = client.chat.completions.create(
+            model=MODEL, max_tokens=8, temperature=0,
+            messages=[{"role": "user", "content": QUESTION, "name": "ann"}],
+            extra_body={"mirostat": 2, "cache_prompt": True, "best_of": 3,
+                        "chat_template_kwargs": {"tools_in_user": 1}})
+    assert "Paris" in reply.choices[0].message.content
+    warned = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
+    assert len(warned) == 1, warned
+    message = warned[0]
+    assert message.startswith("The following fields were present in the request "
+                              "but ignored: ")
+    for name in ("mirostat", "cache_prompt", "best_of", "messages[0].name",
+                 "chat_template_kwargs.tools_in_user"):
+        assert f"'{name}'" in message, (name, message)
+    assert "POST /v1/chat/completions" in message
+
+
+# --- logit_bias -----------------------------------------------------------------------
+
+def test_logit_bias_steers_the_answer(server, model):
+    tok = model.tokenizer
+    client = client_of(server)
+    plain = ask(client, max_tokens=8).choices[0].message.content
+    first = tok.encode_raw(plain)[0]                     # "The"
+    # +100 on one token: the greedy answer is that token, over and over
+    forced = tok.encode_raw(" banana")[0]
+    reply = ask(client, max_tokens=3, logit_bias={str(forced): 100})
+    assert reply.choices[0].message.content == tok.decode([forced] * 3)
+    # -100 on the greedy answer's first token: another answer, never that token
+    banned = ask(client, max_tokens=8, logit_bias={str(first): -100})
+    text = banned.choices[0].message.content
+    assert text != plain and first not in tok.encode_raw(text)
+    # the completions route too (a prompt given as ids)
+    ids = tok.encode("The capital of France is")
+    out = client.completions.create(model=MODEL, prompt=ids, max_tokens=2,
+                                    temperature=0, logit_bias={str(forced): 100})
+    assert out.choices[0].text == tok.decode([forced] * 2)
+
+
+@pytest.mark.parametrize("bias", [{"abc": 1}, {"-3": 1}, {"99999999": 1},
+                                  {"151936": 1}, {"5": 101}, {"5": -100.5},
+                                  {"5": "1"}, {"5": True}, [[5, 1]], "x"])
+def test_invalid_logit_bias_is_a_400_naming_it(server, bias):
+    r = post(server, "/v1/chat/completions", {
+        "model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2, "logit_bias": bias})
+    is_openai_error(r, 400, "logit_bias")
+
+
+# --- browsers: Origin and Host --------------------------------------------------------
+
+def test_a_page_of_another_origin_cannot_use_the_server(server):
+    """A `text/plain` POST is a "simple" request (no preflight): any page could
+    send it.  Refused before it is read, and the job never runs."""
+    before = server.scheduler.snapshot()
+    body = json.dumps({"model": MODEL, "max_tokens": 2,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    for origin in ("http://evil.example", "null", "http://127.0.0.1:1",
+                   "http://localhost.evil.example:" + str(server.port)):
+        r = httpx.post(server.url + "/v1/chat/completions", content=body,
+                       headers={"Content-Type": "text/plain", "Origin": origin})
+        err = is_openai_error(r, 403)
+        assert err["code"] == "origin_not_allowed"
+        assert "access-control-allow-origin" not in r.headers
+    r = httpx.options(server.url + "/v1/chat/completions", headers={
+        "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
+    assert r.status_code == 403
+    after = server.scheduler.snapshot()
+    assert (after["jobs"], after["prefilled"]) == (before["jobs"], before["prefilled"])
+    # the server's own origins are allowed (and get CORS headers)
+    own = f"http://localhost:{server.port}"
+    r = httpx.post(server.url + "/v1/chat/completions", content=body,
+                   headers={"Content-Type": "text/plain", "Origin": own}, timeout=60)
+    assert r.status_code == 200 and r.headers["access-control-allow-origin"] == own
+    # clients that send no Origin (curl, the openai client) are unaffected
+    assert ask(client_of(server), max_tokens=2).choices[0].message.content
+
+
+def test_allowed_origins_get_cors(model):
+    page = "http://app.example:3000"
+    with Server(model, model_id=MODEL, port=0, parallel=1, ctx=CTX, api_key="k",
+                cors_origins=[page + "/"]) as s:
+        r = httpx.options(s.url + "/v1/chat/completions", headers={
+            "Origin": page, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization, content-type, "
+                                              "x-stainless-os"})
+        assert r.status_code == 204, r.text            # no API key on a preflight
+        h = r.headers
+        assert h["access-control-allow-origin"] == page
+        assert "POST" in h["access-control-allow-methods"]
+        allowed = {v.strip().lower()
+                   for v in h["access-control-allow-headers"].split(",")}
+        assert {"authorization", "content-type", "x-stainless-os"} <= allowed
+        assert int(h["access-control-max-age"]) > 0
+        assert "Origin" in h["vary"]
+        r = httpx.post(s.url + "/v1/chat/completions", timeout=60, headers={
+            "Origin": page, "Authorization": "Bearer k"}, json={
+            "model": MODEL, "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.headers["access-control-allow-origin"] == page
+        assert "Origin" in r.headers["vary"]
+        r = httpx.get(s.url + "/v1/models", headers={"Origin": page})   # no key
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == page
+        assert httpx.get(s.url + "/health", headers={
+            "Origin": "http://other.example"}).status_code == 403
+    with Server(model, model_id=MODEL, port=0, parallel=1, ctx=CTX,
+                cors_origins=["*"]) as s:
+        r = httpx.get(s.url + "/health", headers={"Origin": "http://any.example"})
+        assert r.headers["access-control-allow-origin"] == "http://any.example"
+
+
+def test_dns_rebinding_is_refused_by_the_host_check(server):
+    for host in ("evil.example", f"evil.example:{server.port}", "10.0.0.1",
+                 "127.0.0.1.evil.example", "localhost.evil.example"):
+        r = httpx.get(server.url + "/v1/models", headers={"Host": host})
+        assert is_openai_error(r, 403)["code"] == "host_not_allowed", host
+    for host in ("localhost", f"localhost:{server.port}", "app.localhost:1",
+                 "127.0.0.2", f"[::1]:{server.port}", "LOCALHOST."):
+        assert httpx.get(server.url + "/v1/models",
+                         headers={"Host": host}).status_code == 200, host
+
+
+def test_host_rules():
+    on_loopback = Access("127.0.0.1", 8080, allow_hosts=["box.lan:1234"])
+    assert on_loopback.host_allowed("box.lan:8080") and on_loopback.host_allowed(None)
+    assert not on_loopback.host_allowed("other.lan")
+    exposed = Access("0.0.0.0", 8080)                    # the user exposed the port
+    assert exposed.host_allowed("box.lan") and exposed.host_allowed("evil.example")
+    named = Access("0.0.0.0", 8080, allow_hosts=["box.lan"])
+    assert named.host_allowed("box.lan") and named.host_allowed("localhost:8080")
+    assert not named.host_allowed("evil.example")
+    assert Access("127.0.0.1", 8080, allow_hosts=["*"]).host_allowed("evil.example")
+    own = Access("::1", 80)
+    assert own.origin_allowed("http://[::1]") and own.origin_allowed("http://localhost")
+    assert not own.origin_allowed("http://localhost:81")
+
+
+def test_the_cli_checks_the_browser_flags_before_loading():
+    bad = subprocess.run([sys.executable, "-m", "fucina_course", "serve", MODEL,
+                          "--cors-origins", "http://ok.example,localhost:3000"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        "fucina: error: --cors-origins: 'localhost:3000' is not an origin "
+        "(scheme://host[:port], e.g. http://localhost:3000, or *)"]
+
+
 # --- load: the queue, cancellation, the key ---------------------------------------------------
 
 def open_stream(server, question, max_tokens):
@@ -383,14 +606,19 @@ def test_a_client_that_disconnects_frees_its_slot(single):
     # the one slot is free: a new request runs at once (a full slot would queue it)
     reply = ask(client_of(single), max_tokens=8)
     assert "Paris" in reply.choices[0].message.content
-    # a non-streaming request abandoned by its client is cancelled too
+    # a non-streaming request abandoned by its client is cancelled too, though its
+    # tokens keep coming (the connection is checked every 0.25 s regardless)
+    before = single.scheduler.snapshot()
     try:
         httpx.post(single.url + "/v1/chat/completions", timeout=1.0, json={
             "model": MODEL, "max_tokens": 400, "temperature": 0,
-            "messages": [{"role": "user", "content": "Count from 1 to 200."}]})
+            "messages": [{"role": "user",     # 292 tokens at greedy, ~6 s
+                          "content": "List the numbers from 1 to 200, one per line."}]})
     except httpx.TimeoutException:
         pass
-    wait_idle(single, timeout=5)
+    health = wait_idle(single, timeout=5)
+    assert health["cancelled"] == before["cancelled"] + 1
+    assert health["rows"] - before["rows"] < 150
 
 
 def test_api_key(model):
@@ -490,7 +718,7 @@ def test_qwen3_thinking_goes_to_reasoning_content(monkeypatch):
             forced[answer[i] if i < len(answer) else end] = 0.0
             return forced
 
-        async def sampler(*args, **kw):
+        def sampler(*args, **kw):
             return Sampler(SamplerConfig.greedy(), logit_processor=processor)
         return sampler
 
