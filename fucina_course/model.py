@@ -523,8 +523,9 @@ def _env_int(name: str) -> int:
     raw = os.environ.get(name, "").strip()
     if not raw:
         return 0
-    if not raw.isdigit():
-        raise FucinaError(f"{name} must be a non-negative integer, got {raw!r}")
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise FucinaError(f"{name} must be a non-negative integer below 10**9, got "
+                          f"{raw[:20]!r}")
     return int(raw)
 
 

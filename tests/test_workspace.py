@@ -392,3 +392,16 @@ def test_a_failed_step_leaves_every_cache_as_it_was(synth_dir):
     model.output_norm = good
     assert np.isfinite(model.forward_step_batch([5, 6], [a, b])).all()
     assert (a.len, b.len) == (6, 4)
+
+
+@pytest.mark.parametrize("value", ["x", "-1", "1.5", "9" * 20_000, "1 2"])
+def test_a_malformed_tape_check_setting_is_one_error(synth_dir, monkeypatch, value):
+    """FUCINA_CHECK_TAPE takes a non-negative integer; anything else (a word, a
+    negative, 20,000 digits) is one FucinaError naming the variable, at load."""
+    from fucina_course import FucinaError
+
+    monkeypatch.setenv("FUCINA_CHECK_TAPE", value)
+    with pytest.raises(FucinaError, match="FUCINA_CHECK_TAPE must be"):
+        Model.load(tiny_model("Q8_0", synth_dir))
+    monkeypatch.setenv("FUCINA_CHECK_TAPE", " 3 ")
+    assert Model.load(tiny_model("Q8_0", synth_dir)).check_tape_every == 3
