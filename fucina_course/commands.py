@@ -503,7 +503,8 @@ def cmd_serve(args) -> int:
     if args.ctx is not None and args.ctx < 2:
         raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
     api_key = args.api_key or os.environ.get("FUCINA_API_KEY") or None
-    for origin in _names(args.cors_origins):        # before the model is loaded
+    origins = _names(args.cors_origins)
+    for origin in origins:                          # before the model is loaded
         normalize_origin(origin)
     _check_expert_top_p(args)
     _check_draft_max(args)
@@ -522,13 +523,13 @@ def cmd_serve(args) -> int:
                     queue_size=args.queue, api_key=api_key,
                     speculator=_speculator(args, model, args.ctx or min(
                         model.config.context_length, 4096)),
-                    cors_origins=_names(args.cors_origins),
+                    cors_origins=origins,
                     allow_hosts=_names(args.allow_hosts))
     _first_start(model)
     if not is_loopback(args.host) and api_key is None:
         print(f"fucina: warning: listening on {args.host} without --api-key: anyone "
               "who can reach this port can use the model", file=sys.stderr)
-    if "*" in _names(args.cors_origins) and api_key is None:
+    if "*" in origins and api_key is None:
         print("fucina: warning: --cors-origins '*' without --api-key: any web page "
               "you visit can use the model", file=sys.stderr)
     sched = server.scheduler

@@ -734,11 +734,10 @@ class App:
             pending.cancel = lambda: self.scheduler.cancel(job)
         return prepared
 
-    def _sampler(self, req, response_format: dict | None,
+    def _sampler(self, config: SamplerConfig, response_format: dict | None,
                  param: str = "response_format") -> Sampler:
         """(A worker thread.)  The request's sampler; a grammar for a JSON schema
         (compiling one can take a while: after every cheaper check)."""
-        config = _sampler_config(req, self.tokenizer.vocab_size)
         processor = None
         if response_format is not None and response_format.get("type") != "text":
             try:  # imported here: the server runs without the grammar engine
@@ -824,9 +823,9 @@ class App:
             if req.max_completion_tokens is not None \
             else _max_tokens(req.max_tokens, "max_tokens")
         stop = _stop_list(req.stop)
-        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        config = _sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
         text, ids = self._encode_chat(messages, thinking, "messages")
-        sampler = self._sampler(req, req.response_format)
+        sampler = self._sampler(config, req.response_format)
         return _Prepared(req, text, ids, sampler, max_tokens, stop)
 
     @staticmethod
@@ -923,7 +922,7 @@ class App:
             prompt = prompt[0]
         max_tokens = _max_tokens(req.max_tokens, "max_tokens")
         stop = _stop_list(req.stop)
-        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        config = _sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
         if isinstance(prompt, str):
             self._check_bound(prompt, "prompt")
             text = prompt
@@ -939,7 +938,7 @@ class App:
                                code="invalid_value")
             ids = list(prompt)
             text = self.tokenizer.decode(ids)
-        sampler = self._sampler(req, req.response_format)
+        sampler = self._sampler(config, req.response_format)
         return _Prepared(req, text, ids, sampler, max_tokens, stop)
 
     async def _answer_completion(self, request, prep: "_Prepared",
@@ -1010,9 +1009,9 @@ class App:
                     k: v for k, v in fmt.items() if k in ("name", "schema", "strict")}}
             else:
                 response_format = fmt
-        _sampler_config(req, self.tokenizer.vocab_size)    # its mistakes, early
+        config = _sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
         text, ids = self._encode_chat(messages, True, "input")
-        sampler = self._sampler(req, response_format, "text.format")
+        sampler = self._sampler(config, response_format, "text.format")
         return _Prepared(req, text, ids, sampler, max_tokens, stop)
 
     async def _answer_responses(self, request, prep: "_Prepared",
