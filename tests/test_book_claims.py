@@ -72,7 +72,7 @@ CLAIMS: dict[str, dict[str, str]] = {
         "vs_total": G,                                       # "decodes ... times faster"
         "size_ratio": R, "vs_active": R, "moe_ms": R,
         "visited": G,                                        # "visits many experts"
-        "pp_vs_total": G, "pp_vs_active": R,
+        "pp_vs_total": W, "pp_vs_active": R,                 # words chosen by it
         "p07_bytes": G, "p07_same": R, "p03_bytes": G, "p03_same": R},
     "11_build_it.md": {
         "n_long": G,                                         # every one is the engine's
