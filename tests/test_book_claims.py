@@ -19,6 +19,21 @@ The test fails when a glued number shown in prose is not classified (a new one m
 decided), when a classified one disappears, and when a "guarded" or "words" number has lost its
 guard.  The classification is a reading of the prose; the guard is checked from the code.
 
+Two rules keep "reported" honest:
+
+* a "reported" number must not be the one a comparing word is about: a word of ``COMPARING``
+  ("faster", "fewer", "than", "smaller", ...) within ``WINDOW`` words of it, in the same
+  clause (between , ; : ( ) and dashes), and nearer to it than to any other glued number
+  ("{glue:text}`x` times faster" is about x; in "{glue:text}`fall`x slower at
+  {glue:text}`n` positions" the word is about ``fall``).  Such a number is interpreted, so it
+  is guarded or it picks its own words;
+* the pages without code (the preface, the glossary, the setup page) cannot measure anything,
+  so a speed claim there (``SPEED``: "faster", "slower", "speed-up", ...) fails unless
+  ``BACKED`` names the chapter's glued number that holds it, and that number is guarded or
+  words in its chapter.
+
+Every page of the book is read: the chapters and book/*.md.
+
     python tests/test_book_claims.py      # list every glued number with its sentence
 """
 
@@ -30,12 +45,36 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import jupytext
 import pytest
 
-CHAPTERS = Path(__file__).resolve().parent.parent / "book" / "chapters"
+BOOK = Path(__file__).resolve().parent.parent / "book"
+CHAPTERS = BOOK / "chapters"
 SHOWN = re.compile(r"\{glue:text\}`([A-Za-z_0-9]+)")
+GLUE_REF = re.compile(r"\{glue:text\}`([A-Za-z_0-9]+)[^`]*`")
+# Words that compare; one of them next to a number makes the number part of a claim.
+COMPARING = re.compile(
+    r"(?:faster|slower|quicker|more|less|fewer|than|ahead|behind|larger|smaller|bigger|"
+    r"higher|lower|greater|longer|shorter|cheaper|better|worse|above|below|beats?|"
+    r"outgrows?|exceeds?|outruns?)", re.I)
+WINDOW = 3             # words either side of a number, inside its clause
+SPEED = re.compile(r"\b(?:faster|slower|quicker|speed-?ups?|speeds? up|slows? down)\b",
+                   re.I)
+QUOTED = re.compile(r'"[^"]*"|\u201c[^\u201d]*\u201d|`[^`]*`')
+# Speed claims on the pages without code: the words, and the chapter's glued number
+# (classified "guarded" or "words" there) that holds them.
+BACKED: dict[str, dict[str, tuple[str, str]]] = {
+    "intro.md": {
+        # chapter 14's verdict on the code edit is chosen by its measured speed-up
+        "whether that makes decoding faster": ("14_speculative.md", "edit_words")},
+}
+
+
+def pages() -> list[Path]:
+    """Every page of the book: the chapters, then book/*.md (preface, glossary, setup)."""
+    return sorted(CHAPTERS.glob("[0-9][0-9]_*.md")) + sorted(BOOK.glob("*.md"))
 
 G, W, R = "guarded", "words", "reported"
 CLAIMS: dict[str, dict[str, str]] = {
@@ -61,7 +100,7 @@ CLAIMS: dict[str, dict[str, str]] = {
         "sink_last": G, "induction_layer": G},
     "09_chat.md": {
         "turn3_reused": G, "rs_reused": G, "rs_prefilled": G, "rs_cold": R,
-        "t_batch": R, "t_alone": R},
+        "t_batch": R, "t_alone": R, "batch_words": W},
     "10_moe.md": {
         "K": R, "E": R, "total_m": R, "active_m": R, "active_share": R, "moe_ff": R,
         "group_saving": G, "group_speed": W,
@@ -70,7 +109,8 @@ CLAIMS: dict[str, dict[str, str]] = {
         "top1_median": G, "share_median": G,                 # "not choosing between equals"
         "machine": R,
         "vs_total": G,                                       # "decodes ... times faster"
-        "size_ratio": R, "vs_active": R, "moe_ms": R,
+        "size_ratio": G,                                     # "times smaller": a count
+        "vs_active": R, "active_words": W, "moe_ms": R,
         "visited": G,                                        # "visits many experts"
         "pp_vs_total": W, "pp_vs_active": R,                 # words chosen by it
         "p07_bytes": G, "p07_same": R, "p03_bytes": G, "p03_same": R},
@@ -80,13 +120,14 @@ CLAIMS: dict[str, dict[str, str]] = {
         "worst_top_two": R, "closest_call": R,
         "speedup": G, "byte_ratio": G,                       # "fewer bytes"
         "rate_ratio": R, "engine_gb_s": R, "ours_gb_s": R, "stream_gb_s": R,
-        "speed_rest": W},                                    # chosen by rate_ratio
+        "speed_rest": W,                                     # chosen by rate_ratio
+        "qwen3_error": G},                                   # "runs both families"
     # classified by the chapters' authors, 2026-12-02 (issue 24)
     "01_machine.md": {
         "file_mb": R, "n_params_06b": G, "heads_06b": R, "kv_heads_06b": R, "heads_05b": R,
         "kv_heads_05b": R, "ffn_share": G, "emb_share": G, "n_trained_05b": G,
         "n_params_05b": R, "n_norm_06b": G, "bits_per_param": G, "tensor_mb": R,
-        "f32_mb": R, "kv_kib_06b": G, "kv_ratio": R},
+        "f32_mb": R, "kv_kib_06b": G, "kv_ratio": G},                  # "times less"
     "06_kv_cache.md": {
         "machine": R, "n_prompt": R, "ms_uncached": G, "ms_prefill": G, "ms_cached": R,
         "ratio": G, "eager_len": R, "eager_tokens": R, "fast_worst": G, "score_span": G,
@@ -120,10 +161,11 @@ CLAIMS: dict[str, dict[str, str]] = {
         "batch_bits": W, "n_allowed": G, "p_removed": R, "serve_gain": R, "gain_words": W,
         "beyond_words": W, "serve_vs_lockstep": R, "versus_words": W},
     "14_speculative.md": {
-        "cost_words": W, "cost_8": R, "share_words": W, "tile_words": W, "ridge_rows": R,
+        "cost_words": W, "cost_8": R, "roof_share_1": R, "curve_words": W,
+        "share_sentence": W, "tile_words": W, "ridge_rows": R,
         "edit_tokens": R, "edit_steps": R, "batched_gap": R, "gap_words": W, "accept_rate": R,
         "edit_words": W, "edit_acceptance": R, "prose_acceptance": R, "prose_words": W,
-        "prose_gain": R, "prose_why": W},
+        "prose_gain": R, "prose_why": W, "my_tokens": R, "my_steps": G},
 }
 
 
@@ -135,6 +177,9 @@ class Chapter:
     asserted: set[str] = field(default_factory=set)            # variables some assert uses
     chosen: set[str] = field(default_factory=set)              # variables set in branches
     shown: dict[str, str] = field(default_factory=dict)        # name -> its sentence
+    compared: dict[str, str] = field(default_factory=dict)     # name -> comparing word
+    speed: list[str] = field(default_factory=list)             # sentences claiming speed
+    has_code: bool = False
 
 
 # names that say nothing about which value is used: builtins and the usual modules
@@ -183,16 +228,54 @@ def _is_glue(node: ast.AST) -> bool:
         and bool(node.args)
 
 
+def sentences(markdown: str):
+    """The sentences of some markdown: paragraphs and list items first, then sentence ends.
+    Fenced blocks (code, directives) are left out."""
+    prose = re.sub(r"^(```|~~~).*?^\1[^\n]*$", "", markdown, flags=re.M | re.S)
+    for part in re.split(r"\n\s*\n|\n(?=\s*(?:[-*+]|\d+\.) )", prose):
+        for sentence in re.split(r"(?<=[.:;!?])\s+(?=[A-Z{(*])", part):
+            if sentence.strip():
+                yield " ".join(sentence.split())
+
+
+def comparing_words(sentence: str) -> dict[str, str]:
+    """{glued name: the comparing word about it} for one sentence: each comparing word is
+    about the nearest glued number of its clause, if one is within WINDOW words (on a tie,
+    the one before it: "{x} times faster than {y}" compares x; "than {y}" then compares y)."""
+    found: dict[str, str] = {}
+    marked = GLUE_REF.sub(lambda m: f" \0{m.group(1)}\0 ", sentence)
+    for clause in re.split(r"[,;:()\u2013\u2014]|\s-\s", marked):
+        words = re.findall(r"\0\w+\0|[\w'-]+", clause)
+        numbers = [i for i, w in enumerate(words) if w.startswith("\0")]
+        for i, word in enumerate(words):
+            if not COMPARING.fullmatch(word):
+                continue
+            near = [(abs(i - j), j > i, j) for j in numbers if abs(i - j) <= WINDOW]
+            if near:
+                found.setdefault(words[min(near)[2]].strip("\0"), word)
+    return found
+
+
 def read_chapter(path: Path) -> Chapter:
     ch = Chapter()
-    for cell in jupytext.read(path).cells:
+    text = path.read_text(encoding="utf-8")
+    if text.startswith("---\njupytext:"):
+        cells = jupytext.read(path).cells
+    else:                                       # a plain page: all of it is prose
+        cells = [SimpleNamespace(cell_type="markdown", source=text)]
+    for cell in cells:
         if cell.cell_type == "markdown":
-            for sentence in re.split(r"(?<=[.:;!?])\s+(?=[A-Z{])", cell.source):
+            for sentence in sentences(cell.source):
                 for name in SHOWN.findall(sentence):
-                    ch.shown.setdefault(name, " ".join(sentence.split()))
+                    ch.shown.setdefault(name, sentence)
+                for name, word in comparing_words(sentence).items():
+                    ch.compared.setdefault(name, word)
+                if SPEED.search(QUOTED.sub("", sentence)):   # a quoted word is not a claim
+                    ch.speed.append(sentence)
             continue
         if cell.cell_type != "code":
             continue
+        ch.has_code = True
         try:
             tree = ast.parse(cell.source)
         except SyntaxError:
@@ -239,12 +322,38 @@ def problems(chapter: str, ch: Chapter, claims: dict[str, str]) -> list[str]:
         elif kind == W and not uses & ch.chosen:
             out.append(f"{chapter}: {name!r} should be words chosen by the measurement, but "
                        f"none of {sorted(uses)} is assigned in a branch")
+        elif kind == R and name in ch.compared:
+            out.append(f"{chapter}: {name!r} is classified 'reported', but the prose "
+                       f"compares it ({ch.compared[name]!r}): guard it with an assert, or "
+                       f"let the number choose the words: {ch.shown[name]!r}")
     return out
 
 
-@pytest.mark.parametrize("chapter", sorted(p.name for p in CHAPTERS.glob("[0-9][0-9]_*.md")))
-def test_every_interpreted_number_has_its_guard(chapter):
-    found = problems(chapter, read_chapter(CHAPTERS / chapter), CLAIMS.get(chapter, {}))
+def unbacked_speed_claims(page: str, ch: Chapter, backed: dict[str, tuple[str, str]],
+                          claims: dict[str, dict[str, str]]) -> list[str]:
+    """A page without code cannot measure: its speed claims must point at a chapter's
+    guarded (or measurement-worded) number."""
+    if ch.has_code:
+        return []
+    out = []
+    for sentence in ch.speed:
+        holders = [(words, held) for words, held in backed.items() if words in sentence]
+        if not holders:
+            out.append(f"{page}: a speed claim on a page without code: {sentence!r} "
+                       "(say it where it is measured, or add it to BACKED)")
+        for words, (chapter, name) in holders:
+            if claims.get(chapter, {}).get(name) not in (G, W):
+                out.append(f"{page}: {words!r} is backed by {chapter}'s {name!r}, which is "
+                           "not classified 'guarded' or 'words' there")
+    return out
+
+
+@pytest.mark.parametrize("page", [p.name for p in pages()])
+def test_every_interpreted_number_has_its_guard(page):
+    path = next(p for p in pages() if p.name == page)
+    ch = read_chapter(path)
+    found = problems(page, ch, CLAIMS.get(page, {}))
+    found += unbacked_speed_claims(page, ch, BACKED.get(page, {}), CLAIMS)
     assert not found, "\n".join(found)
 
 
@@ -275,8 +384,40 @@ def test_the_checks_can_fail(tmp_path):
     assert "no longer shown" in problems("toy", gone, {"speedup": R})[0]
 
 
+def test_a_reported_number_in_a_comparison_fails(tmp_path):
+    code = "speedup = 4.0\nn = 9\nglue('speedup', speedup)\nglue('n', n)"
+    for prose in ("Ours is {glue:text}`speedup:.1f` times faster.",
+                  "It decodes faster than the engine's {glue:text}`speedup:.1f` tokens/s.",
+                  "Batching made it {glue:text}`speedup:.1f`x slower, as expected.",
+                  "The cache keeps {glue:text}`speedup:.0f` times less: 2 KV heads."):
+        found = problems("toy", _toy(tmp_path, code, prose), {"speedup": R})
+        assert found and "compares it" in found[0], prose
+    # the comparing word is about the nearest number; reporting beside it is fine
+    near = ("Decode is {glue:text}`speedup:.1f`x slower at {glue:text}`n` positions, "
+            "and a model of more than half a billion parameters fits in {glue:text}`n` MB.")
+    ch = _toy(tmp_path, code + "\nassert speedup > 1  # margin", near)
+    assert ch.compared == {"speedup": "slower"}
+    assert not problems("toy", ch, {"speedup": G, "n": R})
+    assert not problems("toy", _toy(tmp_path, code, "It ran {glue:text}`speedup:.1f` "
+                                    "times as many tokens, at {glue:text}`n` ms each."),
+                        {"speedup": R, "n": R})
+
+
+def test_a_speed_claim_on_a_page_without_code_fails(tmp_path):
+    page = tmp_path / "preface.md"
+    page.write_text("# Preface\n\nThe same tokens, while decoding faster.\n\n"
+                    "```bash\nfucina bench  # faster\n```\n\nA \"faster\" is checked.\n")
+    ch = read_chapter(page)
+    assert not ch.has_code and len(ch.speed) == 1   # not the fence, not the quoted word
+    assert "page without code" in unbacked_speed_claims("preface.md", ch, {}, {})[0]
+    backed = {"while decoding faster": ("14_x.md", "gain_words")}
+    assert not unbacked_speed_claims("preface.md", ch, backed, {"14_x.md": {"gain_words": W}})
+    assert "not classified" in unbacked_speed_claims("preface.md", ch, backed,
+                                                     {"14_x.md": {"gain_words": R}})[0]
+
+
 if __name__ == "__main__":
-    for path in sorted(CHAPTERS.glob("[0-9][0-9]_*.md")):
+    for path in pages():
         ch = read_chapter(path)
         claims = CLAIMS.get(path.name, {})
         for name, sentence in ch.shown.items():

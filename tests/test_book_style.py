@@ -177,3 +177,69 @@ def test_chapter_has_a_label_and_ends_with_next(path):
 
 def test_width_counts_wide_characters_twice():
     assert width("abc") == 3 and width("日本") == 4 and width("é") == 1
+
+
+
+
+def saved_names(path: Path) -> list[str]:
+    """The functions and classes a chapter saves with #@save (scripts/save_course.py)."""
+    import ast
+    import sys
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import save_course
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    names = []
+    for statement in save_course.saved_statements(path):
+        node = ast.parse(statement).body[0]
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.append(node.name)
+    return names
+
+
+def your_turn_problems(path: Path) -> list[str]:
+    """A chapter that saves course code says, in a `## Your turn` section before `## What
+    you now know`, which stubs of the reader's workbook to fill (every saved name) and the
+    command that checks them."""
+    names = saved_names(path)
+    headings = [line.strip() for text, _ in markdown_parts(path)
+                for line in text.splitlines() if line.startswith("## ")]
+    if not names:
+        return [f"{path.name}: saves no course code but has a 'Your turn' section"] \
+            if "## Your turn" in headings else []
+    if "## Your turn" not in headings:
+        return [f"{path.name}: saves {names} but has no '## Your turn' section"]
+    if "## What you now know" in headings and \
+            headings.index("## Your turn") > headings.index("## What you now know"):
+        return [f"{path.name}: '## Your turn' comes after '## What you now know'"]
+    section = "\n".join(text for text, _ in markdown_parts(path)).split("## Your turn", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    out = [f"{path.name}: 'Your turn' does not name `{n}`" for n in names
+           if f"`{n}" not in section]
+    command = f"fucina course check {path.name[:2]}"
+    if command not in section:
+        out.append(f"{path.name}: 'Your turn' does not give the command {command!r}")
+    return out
+
+
+@pytest.mark.parametrize("path", chapters(), ids=lambda p: p.name)
+def test_chapters_that_save_code_say_your_turn(path):
+    problems = your_turn_problems(path)
+    assert not problems, "\n".join(problems)
+
+
+def test_your_turn_check_can_fail(tmp_path):
+    header = ("---\njupytext:\n  text_representation:\n    extension: .md\n"
+              "    format_name: myst\n---\n\n# Toy\n\n")
+    cell = "```{code-cell} ipython3\n#@save\ndef f(x):\n    return x\n```\n\n"
+    path = tmp_path / "99_toy.md"
+    path.write_text(header + cell + "## What you now know\n\n- f\n")
+    assert "no '## Your turn'" in your_turn_problems(path)[0]
+    path.write_text(header + cell + "## Your turn\n\nWrite `g`.\n\n## What you now know\n")
+    assert your_turn_problems(path) == [
+        "99_toy.md: 'Your turn' does not name `f`",
+        "99_toy.md: 'Your turn' does not give the command 'fucina course check 99'"]
+    path.write_text(header + cell + "## Your turn\n\n`f(x)`: `fucina course check 99`\n")
+    assert your_turn_problems(path) == []

@@ -29,5 +29,42 @@ def rope(x, positions, theta):
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
 
+def attention(q, k, v):
+    """Causal grouped-query attention: q [n, H, D]; k, v [n, KVH, D] -> [n, H*D]."""
+    n, H, D = q.shape
+    group = H // k.shape[1]                       # query heads per KV head
+    k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)   # [n, H, D]
+    scores = np.einsum("qhd,khd->hqk", q, k) / np.sqrt(D)             # [H, n, n]
+    future = np.triu(np.ones((n, n), dtype=bool), k=1)
+    scores[:, future] = -np.inf                   # no peeking at later tokens
+    p = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)            # softmax over the keys
+    return np.einsum("hqk,khd->qhd", p, v).reshape(n, H * D)          # [n, H*D]
+
+
 def swiglu(gate, up):
-    return gate / (1 + np.exp(-gate)) * up       # silu(gate) * up
+    """silu(gate) * up, element by element."""
+    return gate / (1 + np.exp(-gate)) * up
+
+
+def forward(W: dict, cfg, ids) -> np.ndarray:
+    """The scores of the token after `ids`: a whole Qwen3 forward pass in numpy."""
+    n, H, KVH, D = len(ids), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    eps, theta, positions = cfg.rms_norm_eps, cfg.rope_theta, np.arange(len(ids))
+    x = W["token_embd.weight"][ids]                               # [n, hidden]
+    for i in range(cfg.num_layers):
+        w = {name[len(f"blk.{i}."):]: a for name, a in W.items()
+             if name.startswith(f"blk.{i}.")}                     # this layer's weights
+        h = rms_norm(x, w["attn_norm.weight"], eps)
+        q = (h @ w["attn_q.weight"].T).reshape(n, H, D)           # [n, H, D]
+        k = (h @ w["attn_k.weight"].T).reshape(n, KVH, D)         # [n, KVH, D]
+        v = (h @ w["attn_v.weight"].T).reshape(n, KVH, D)
+        q = rope(rms_norm(q, w["attn_q_norm.weight"], eps), positions, theta)
+        k = rope(rms_norm(k, w["attn_k_norm.weight"], eps), positions, theta)
+        x = x + attention(q, k, v) @ w["attn_output.weight"].T    # residual add
+        h = rms_norm(x, w["ffn_norm.weight"], eps)
+        ffn = swiglu(h @ w["ffn_gate.weight"].T, h @ w["ffn_up.weight"].T)
+        x = x + ffn @ w["ffn_down.weight"].T                      # residual add
+    h = rms_norm(x[-1:], W["output_norm.weight"], eps)            # the last row only
+    lm_head = W.get("output.weight", W["token_embd.weight"])      # tied: the embedding
+    return (h @ lm_head.T)[0]                                     # [vocab]

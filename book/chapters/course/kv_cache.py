@@ -12,6 +12,7 @@ class CourseKvCache:
     """Keys (after RoPE) and values of one sequence, every layer, in float16."""
 
     def __init__(self, cfg, capacity: int):
+        """Room for `capacity` positions of every layer, all of them empty."""
         shape = (capacity, cfg.num_kv_heads, cfg.head_dim)
         self.k = [np.zeros(shape, np.float16) for _ in range(cfg.num_layers)]
         self.v = [np.zeros(shape, np.float16) for _ in range(cfg.num_layers)]
@@ -19,9 +20,11 @@ class CourseKvCache:
 
     @property
     def remaining(self) -> int:
+        """Positions still free."""
         return self.capacity - self.len
 
     def check_room(self, n: int) -> None:
+        """Raise KvCacheOverflow unless n more positions fit."""
         if self.len + n > self.capacity:
             raise KvCacheOverflow(f"{self.len} + {n} > capacity {self.capacity}")
 
@@ -42,10 +45,12 @@ class CourseKvCache:
         self.len = min(self.len, max(0, keep))
 
     def read(self, layer: int, upto: int):          # for the prompt kernel
+        """The layer's keys and values at positions 0 .. upto-1, as float32."""
         return (self.k[layer][:upto].astype(np.float32),
                 self.v[layer][:upto].astype(np.float32))
 
     def layer_view(self, layer: int, upto: int):    # for the decode kernel
+        """The layer's float16 arrays, as the bits (uint16) the decode kernel reads."""
         return KvView(self.k[layer].view(np.uint16), self.v[layer].view(np.uint16),
                       None, None, upto)
 

@@ -39,4 +39,5 @@ QWEN2_PATTERN = regex.compile(
 
 
 def pretokenize(text: str) -> list[str]:
+    """The chunks BPE never merges across: every match of the pattern, in order."""
     return QWEN2_PATTERN.findall(text)
