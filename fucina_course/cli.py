@@ -55,6 +55,7 @@ _MODEL_HELP = "GGUF path or named model (see `fucina models list`)"
 _DEFAULT_MODEL_HELP = ("GGUF path or named model (default: $FUCINA_MODEL, else "
                        "qwen2.5-coder-0.5b)")
 _MODEL = _arg("model", metavar="MODEL", help=_MODEL_HELP)
+_WORKBOOK = _arg("--dir", default="course", help="your workbook (default: ./course)")
 
 # Option groups several subcommands share, each flag declared once: name ->
 # (the title of its own help section, or None: among the command's options; flags).
@@ -205,6 +206,31 @@ _COMMANDS = {
                  "none; on a non-loopback --host, Host is checked only if given; "
                  "*: any)"),
             "engine", "speculation"]),
+    "course": dict(
+        help="your workbook: the course code as stubs to fill, checked function by "
+        "function", func=cmd.cmd_course,
+        commands=(dict(dest="action", required=True, metavar="ACTION"), {
+            "init": dict(help="write the stubs (one module per chapter) into DIR",
+                         args=[_arg("dir", metavar="DIR")]),
+            "check": dict(help="check your functions against the engine: one line each",
+                          args=[_arg("chapters", nargs="*", metavar="CHAPTER",
+                                     help="3, 03 or forward (default: every chapter)"),
+                                _WORKBOOK,
+                                _arg("--timeout", type=float, default=60.0, metavar="S",
+                                     help="a function still running after S seconds "
+                                     "fails (default 60)")]),
+            "ask": dict(help="your own generator answers a question (streamed)",
+                        args=[_arg("question", metavar="QUESTION"), _WORKBOOK,
+                              _arg("--model", default=None, help=_DEFAULT_MODEL_HELP),
+                              _arg("--max-tokens", type=int, default=64,
+                                   help="at most N tokens (default 64)"),
+                              _arg("--temp", type=float, default=0.0,
+                                   help="temperature (default 0: greedy)"),
+                              _arg("--seed", type=int, default=0,
+                                   help="random seed (default 0)")]),
+            "solution": dict(help="print the book's version of a chapter's course code",
+                             args=[_arg("chapter", metavar="CHAPTER",
+                                        help="3, 03 or forward")])})),
     "models": dict(
         help="list or fetch the named models", func=cmd.cmd_models,
         commands=(dict(dest="action", required=True), {
