@@ -252,11 +252,13 @@ class _CourseFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             return
         name = module.__name__.split(".", 1)[1]
         ref, mine = REFERENCE / f"{name}.py", self.reader / f"{name}.py"
-        if not ref.is_file():
+        if not ref.is_file() and not mine.is_file():
             raise ImportError(f"no course module {name!r}", name=module.__name__)
-        ref_source = ref.read_text()
-        saved = set(definitions(ref_source))
-        exec(compile(ref_source, str(ref), "exec"), module.__dict__)
+        saved = set()
+        if ref.is_file():                     # else a module of the reader's own helpers
+            ref_source = ref.read_text()
+            saved = set(definitions(ref_source))
+            exec(compile(ref_source, str(ref), "exec"), module.__dict__)
         if mine.is_file():
             tree = ast.parse(mine.read_text(), str(mine))
             tree.body = [node for node in tree.body

@@ -180,6 +180,17 @@ def test_check_reports_a_syntax_error_and_an_exception_in_one_line(tmp_path, fx)
     assert "(sampling.py:" in draw.detail                 # where, in the reader's file
 
 
+def test_the_readers_own_helper_module_can_be_imported(tmp_path, fx):
+    reader = copy_of_reference(tmp_path)
+    (reader / "helpers.py").write_text("def silu(x):\n    return x / (1 + np.exp(-x))\n\n"
+                                       "import numpy as np\n")
+    path = reader / "forward.py"
+    path.write_text(path.read_text().replace(
+        "    return gate / (1 + np.exp(-gate)) * up",
+        "    from course.helpers import silu\n    return silu(gate) * up"))
+    assert run_one(reader, workbook.select(["3"])[0], "swiglu", fx).status == "passed"
+
+
 def test_an_endless_loop_fails_its_check_after_the_timeout(tmp_path, fx):
     reader = copy_of_reference(tmp_path)
     path = reader / "chat.py"
