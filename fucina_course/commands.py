@@ -492,6 +492,12 @@ def cmd_serve(args) -> int:
     """`fucina serve`: check the flags, load the model, bind the port, serve until
     Ctrl-C or SIGTERM (which cancel the running requests: exit code 0).  If the
     engine fails (a bug), `Server.run` raises a `FucinaError`: one line, exit 1."""
+    try:                   # the `serve` extra: pip install 'fucina_course[serve]'
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as err:
+        raise FucinaError(f"fucina serve needs the serve extra ({err.name} is missing): "
+                          "pip install -e '.[serve]' (or -r requirements.txt)") from err
     from .server import Server, is_loopback, normalize_origin
 
     if args.parallel < 1:
