@@ -139,7 +139,7 @@ def main() -> None:
 
     from fucina_course.catalog import load_model, resolve
     from fucina_course.sampler import SamplerConfig
-    from fucina_course.speculative import make_speculator
+    from fucina_course.commands import make_speculator
 
     model = load_model(resolve(args.model), threads=args.threads)
     drafts = [int(x) for x in args.draft.split(",")]

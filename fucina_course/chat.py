@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
 from .chat_template import CHATML, ChatTemplate
+from .kv_cache import common_prefix
+from .speculative import judge, verify_step
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 
@@ -249,16 +251,6 @@ class Reply:
                 f"({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else "")
         return (f"[{len(self.ids)} tokens, {self.decode_tokens_per_second:.1f} tok/s; "
                 f"{pre}{spec}; {self.stop_reason}]")
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id lists."""
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class _Turn:
@@ -488,7 +480,6 @@ class Conversation:
         step's (speculative.verify_step).  Only ids[0] is committed; the guesses
         wait in the cache, past its length, until `accept` takes them in order (the
         next verify, extend, step or rewind forgets the rest)."""
-        from .speculative import verify_step
 
         base = len(self._tokens)
         try:
@@ -532,7 +523,6 @@ class Conversation:
         cache); with a drafter's `guess`, judged by speculative.judge."""
         if guess is None:
             return self.sampler.next(logits, self._tokens)
-        from .speculative import judge
 
         return judge(self.sampler, logits, self._tokens, guess, q)
 

@@ -227,10 +227,45 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def check_spec(spec: str | None) -> None:
+    """Refuse a `--speculate` value that is neither 'lookup' nor 'draft:MODEL'
+    (before any model is loaded)."""
+    if spec and spec != "lookup" and not (spec.startswith("draft:")
+                                          and len(spec) > len("draft:")):
+        raise FucinaError(f"--speculate must be 'lookup' or 'draft:MODEL', "
+                          f"got {spec!r}")
+
+
+def make_speculator(spec: str | None, target, *, draft_max: int | None = None,
+                    threads: int | None = None, cache_type: str = "f16",
+                    capacity: int | None = None):
+    """`--speculate` as the CLI spells it: None/"" (off), "lookup", or
+    "draft:MODEL" (a path or named model sharing the target's vocabulary).  The
+    caller finds and loads the draft model; the engine's speculative module only
+    receives it (it never reaches up to where files live)."""
+    from .speculative import (DEFAULT_DRAFT_MAX, DraftModel, PromptLookup, Speculator,
+                              check_same_vocabulary, same_tokens)
+
+    draft_max = DEFAULT_DRAFT_MAX if draft_max is None else draft_max
+    if not spec:
+        return None
+    check_spec(spec)
+    if spec == "lookup":
+        return Speculator(PromptLookup(), draft_max)
+    from .catalog import load_model, resolve
+
+    draft = load_model(resolve(spec[len("draft:"):]), threads=threads)
+    check_same_vocabulary(draft, target.config.vocab_size)
+    if not same_tokens(draft.tokenizer, target.tokenizer):
+        raise FucinaError(f"draft model {draft.path.name} spells its ids "
+                          f"differently from {target.path.name}: a draft must "
+                          "share the target's tokenizer")
+    return Speculator(DraftModel(draft, capacity=capacity, cache_type=cache_type),
+                      draft_max)
+
+
 def _check_draft_max(args) -> None:
     """The speculation flags, checked before a model is loaded."""
-    from .speculative import check_spec
-
     check_spec(getattr(args, "speculate", None))
     if getattr(args, "draft_max", 1) < 1:
         raise FucinaError(f"--draft-max must be at least 1, got {args.draft_max}")
@@ -239,8 +274,6 @@ def _check_draft_max(args) -> None:
 def _speculator(args, model, capacity: int):
     """`--speculate` / `--draft-max` as a Speculator (None: off); a draft model is
     loaded with the target's threads and cache type."""
-    from .speculative import make_speculator
-
     return make_speculator(getattr(args, "speculate", None), model,
                            draft_max=args.draft_max, threads=args.threads,
                            cache_type=args.cache_type, capacity=capacity)

@@ -202,3 +202,14 @@ class KvCache:
         and each accepted guess is re-committed without being computed again."""
         if keep < self.len:
             self.len = max(0, keep)
+
+
+def common_prefix(a, b) -> int:
+    """Length of the longest common prefix of two id lists: the positions of a cache
+    holding `a` that a sequence `b` can keep (chat turns, server slots, draft models)."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -77,7 +77,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .chat import Conversation, Reply, _Turn, common_prefix
+from .chat import Conversation, Reply, _Turn
+from .kv_cache import common_prefix
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 

@@ -61,6 +61,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from .errors import FucinaError
+from .kv_cache import common_prefix
 from .sampler import Distribution, Sampler, SamplerConfig, draw
 
 # 7 guesses + the chosen token = 8 rows: one tile of the multi-row kernels
@@ -157,8 +158,6 @@ class DraftModel:
         limit = min(limit, self.cache.capacity - len(tokens))
         if limit < 1:
             return Draft([])
-        from .chat import common_prefix
-
         # at least one token to run, for its logits
         keep = min(common_prefix(self.tokens, tokens), len(tokens) - 1)
         self.cache.truncate(keep)
@@ -286,38 +285,6 @@ class Speculator:
         draft = self.drafter.propose(tokens, limit)
         draft.ids = [int(t) for t in draft.ids[:limit]]
         return draft
-
-
-def make_speculator(spec: str | None, target, *, draft_max: int = DEFAULT_DRAFT_MAX,
-                    threads: int | None = None, cache_type: str = "f16",
-                    capacity: int | None = None) -> Speculator | None:
-    """`--speculate` as the CLI spells it: None/"" (off), "lookup", or
-    "draft:MODEL" (a path or named model sharing the target's vocabulary)."""
-    if not spec:
-        return None
-    check_spec(spec)
-    if spec == "lookup":
-        return Speculator(PromptLookup(), draft_max)
-    if spec.startswith("draft:") and len(spec) > len("draft:"):
-        from .catalog import load_model, resolve
-
-        draft = load_model(resolve(spec[len("draft:"):]), threads=threads)
-        check_same_vocabulary(draft, target.config.vocab_size)
-        if not same_tokens(draft.tokenizer, target.tokenizer):
-            raise FucinaError(f"draft model {draft.path.name} spells its ids "
-                              f"differently from {target.path.name}: a draft must "
-                              "share the target's tokenizer")
-        return Speculator(DraftModel(draft, capacity=capacity, cache_type=cache_type),
-                          draft_max)
-
-
-def check_spec(spec: str | None) -> None:
-    """Refuse a `--speculate` value that is neither 'lookup' nor 'draft:MODEL'
-    (before any model is loaded)."""
-    if spec and spec != "lookup" and not (spec.startswith("draft:")
-                                          and len(spec) > len("draft:")):
-        raise FucinaError(f"--speculate must be 'lookup' or 'draft:MODEL', "
-                          f"got {spec!r}")
 
 
 def generate(model, prompt_ids, max_new_tokens: int, speculator: Speculator, *,

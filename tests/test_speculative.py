@@ -21,9 +21,9 @@ from fucina_course.chat import Conversation
 from fucina_course.errors import FucinaError
 from fucina_course.model import Model
 from fucina_course.sampler import Distribution, Sampler, SamplerConfig
+from fucina_course.commands import make_speculator
 from fucina_course.speculative import (Draft, DraftModel, PromptLookup, Speculator,
-                                       accept_sampled, generate, make_speculator,
-                                       verify_step)
+                                       accept_sampled, generate, verify_step)
 from fucina_course.synth import TINY_QWEN3, cached_synthetic, with_format
 
 CODE = '''def mean(values):
