@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TextIO
 
 from .chat_template import CHATML, ChatTemplate
-from .kv_cache import common_prefix
+from .kv_cache import common_prefix, prompt_fits
 from .speculative import judge, verify_step
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
@@ -279,7 +279,7 @@ class _Turn:
             keep -= 1
             new = held[keep:]
         capacity = conv.cache.capacity
-        if keep + len(new) + 1 > capacity:
+        if not prompt_fits(keep + len(new), capacity):
             raise ContextFull(
                 f"this turn needs {len(new)} new tokens (+1 to answer) but "
                 f"{capacity - keep} of the conversation's {capacity} positions are "

@@ -200,7 +200,9 @@ def cmd_generate(args) -> int:
     n = min(model.config.context_length, len(ids) + args.gen)
     _check_draft_max(args)
     cache = _cache_for(model, n, args.cache_type)
-    if cache.capacity <= len(ids):
+    from .kv_cache import prompt_fits
+
+    if not prompt_fits(len(ids), cache.capacity):
         raise FucinaError(f"the prompt ({len(ids)} tokens) leaves no room to generate "
                           f"in the model's context of {model.config.context_length} "
                           "positions")

@@ -213,3 +213,12 @@ def common_prefix(a, b) -> int:
             break
         n += 1
     return n
+
+
+def prompt_fits(positions: int, capacity: int) -> bool:
+    """Whether a prompt that fills `positions` cache positions (kept + new) leaves room
+    to answer: the first answer token is chosen from the last prompt position's logits
+    and needs a position of its own to be fed back, so a prompt needs one more position
+    than it has tokens.  The one statement of that rule (chat turns, the scheduler's
+    jobs, the server's early checks)."""
+    return positions + 1 <= capacity

@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .chat import Conversation, Reply, _Turn
-from .kv_cache import common_prefix
+from .kv_cache import common_prefix, prompt_fits
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 
@@ -167,7 +167,7 @@ class _SlotTurn(_Turn):
             keep -= 1
         new = ids[keep:]
         capacity = conv.cache.capacity
-        if keep + len(new) + 1 > capacity:
+        if not prompt_fits(keep + len(new), capacity):
             raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
                               f"a slot holds {capacity} positions")
         self.conv, self.messages = conv, []
@@ -340,7 +340,7 @@ class Scheduler:
         """Queue `job` in the place `reservation` holds (which it takes over), or in
         a new one: `Busy` if parallel + queue_size places are taken.  On an error
         the reservation stays with the caller, who releases it."""
-        if len(job.ids) + 1 > self.capacity:
+        if not prompt_fits(len(job.ids), self.capacity):
             raise ContextFull(f"the prompt has {len(job.ids)} tokens (+1 to answer) "
                               f"but the context holds {self.capacity} positions")
         own = reservation is None

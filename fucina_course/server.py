@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Optional, Union
 
 from .errors import ContextFull, FucinaError
+from .kv_cache import prompt_fits
 from .sampler import InvalidSamplerConfig, Sampler, SamplerConfig
 from .scheduler import (Busy, EngineFailed, Job, Scheduler, ShuttingDown,
                         _one_line)
@@ -763,7 +764,7 @@ class App:
         size = len(text.encode("utf-8", "surrogatepass"))   # as the tokenizer does
         least = -(-size // self.longest_token)
         room = self.scheduler.capacity
-        if least + 1 > room:
+        if not prompt_fits(least, room):
             raise ApiError(400, f"the prompt has at least {least} tokens ({size} "
                            f"bytes, at most {self.longest_token} a token); the context "
                            f"holds {room} positions (at least 1 is needed to answer)",
@@ -773,7 +774,7 @@ class App:
         if not ids:
             raise ApiError(400, "the prompt is empty", param=param)
         room = self.scheduler.capacity
-        if len(ids) + 1 > room:
+        if not prompt_fits(len(ids), room):
             raise ApiError(400, f"the prompt has {len(ids)} tokens; the context holds "
                            f"{room} positions (at least 1 is needed to answer)",
                            param=param, code="context_length_exceeded")
