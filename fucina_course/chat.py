@@ -29,19 +29,19 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence, TextIO
+from typing import Sequence
 
 from .chat_template import CHATML, ChatTemplate
 from .kv_cache import common_prefix, prompt_fits
 from .speculative import judge, verify_step
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
+from .text_stream import THINK_CLOSE, THINK_OPEN, Stream, TextStream
 
 # Markers that end a turn in the formats we know, as llama.cpp's end-of-generation
 # set spells them; each one the vocabulary holds as a single special token stops.
 END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>",
                "<|endoftext|>", "<|eom_id|>")
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
@@ -132,90 +132,6 @@ def render_prompt(tokenizer, user: str, system: str | None = None) -> str:
     return render(tokenizer, messages + [{"role": "user", "content": user}])
 
 
-# --- streaming -----------------------------------------------------------------------
-
-Stream = Callable[[str], object] | TextIO | None
-
-
-def without_think(text: str) -> str:
-    """`text` with every <think>...</think> block (and the newlines after it)
-    removed; an unclosed block hides everything after it (the model is thinking)."""
-    out, i = [], 0
-    while True:
-        j = text.find(THINK_OPEN, i)
-        if j < 0:
-            out.append(text[i:])
-            return "".join(out)
-        out.append(text[i:j])
-        k = text.find(THINK_CLOSE, j)
-        if k < 0:
-            return "".join(out)
-        i = k + len(THINK_CLOSE)
-        while i < len(text) and text[i] == "\n":
-            i += 1
-
-
-class _Streamer:
-    """Decoded text of one answer -> the writer, minus what must not be shown.
-
-    Bytes go through the tokenizer's `StreamDecoder` (no half characters); text
-    that could be the start of a stop string is held back until it is known not to
-    be one (so a stop string is never shown); a think block is hidden unless asked
-    for."""
-
-    def __init__(self, tokenizer, stream: Stream, stops: Sequence[str],
-                 show_think: bool):
-        self.decoder = tokenizer.stream(skip_special=True)
-        if stream is None:
-            self.write = None
-        elif callable(stream):
-            self.write = stream
-        else:
-            def write(text, _f=stream):
-                _f.write(text)
-                if hasattr(_f, "flush"):
-                    _f.flush()
-            self.write = write
-        self.stops = [s for s in stops if s]
-        self.show_think = show_think
-        self.raw, self.shown, self.stop_at = "", 0, None
-
-    def push(self, tid: int) -> bool:
-        """Add one token; True if it completed a stop string."""
-        self.raw += self.decoder.push(tid)
-        return self._emit(final=False)
-
-    def finish(self) -> None:
-        if self.stop_at is None:
-            self.raw += self.decoder.flush()
-        self._emit(final=True)
-
-    def visible(self) -> str:
-        text = self.raw if self.stop_at is None else self.raw[:self.stop_at]
-        return text if self.show_think else without_think(text)
-
-    def _emit(self, final: bool) -> bool:
-        if self.stop_at is None:
-            hits = [i for i in (self.raw.find(s) for s in self.stops) if i >= 0]
-            if hits:
-                self.stop_at, final = min(hits), True
-        end = len(self.raw) if self.stop_at is None else self.stop_at
-        if not final:
-            hold = 0
-            for s in self.stops:
-                for n in range(min(len(s) - 1, end), hold, -1):
-                    if self.raw.endswith(s[:n], 0, end):
-                        hold = n
-                        break
-            end -= hold
-        text = self.raw[:end] if self.show_think else without_think(self.raw[:end])
-        if len(text) > self.shown:
-            if self.write is not None:
-                self.write(text[self.shown:])
-            self.shown = len(text)
-        return self.stop_at is not None
-
-
 # --- the conversation ------------------------------------------------------------
 
 @dataclass
@@ -290,7 +206,7 @@ class _Turn:
         """The state of a turn that keeps `keep` cached ids and prefills `new`."""
         conv = self.conv
         self.text, self.keep, self.new = text, keep, new
-        self.streamer = _Streamer(conv.format.tokenizer, stream, conv.stop,
+        self.streamer = TextStream(conv.format.tokenizer, stream, conv.stop,
                                   conv.show_think)
         self.ids: list[int] = []
         self.drafted = self.accepted = 0

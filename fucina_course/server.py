@@ -78,7 +78,7 @@ from .kv_cache import prompt_fits
 from .sampler import InvalidSamplerConfig, Sampler, SamplerConfig
 from .scheduler import (Busy, EngineFailed, Job, Scheduler, ShuttingDown,
                         _one_line)
-from .chat import THINK_CLOSE, THINK_OPEN
+from .text_stream import THINK_OPEN, ThinkSplitter
 
 log = logging.getLogger("fucina.serve")
 
@@ -501,62 +501,6 @@ ROLES = {"system": "system", "developer": "system", "user": "user",
 
 
 # --- thinking -----------------------------------------------------------------------------
-
-class ThinkSplitter:
-    """Raw answer text -> (reasoning, content), piece by piece.
-
-    Text inside <think>...</think> is reasoning, the rest content; the tags and
-    the newlines that frame the block are dropped (as `chat.without_think` drops
-    them).  Text that could be the start of a tag is held back until it is known
-    not to be one, so a streamed delta never shows half a tag.  `thinking=True`
-    starts inside a block (a template that opens it in the prompt)."""
-
-    def __init__(self, thinking: bool = False):
-        self.thinking = thinking
-        self.buf = ""
-        self.lead = True              # drop newlines at the start of the next part
-
-    def push(self, text: str, final: bool = False) -> tuple[str, str]:
-        self.buf += text
-        reasoning, content = [], []
-        while self.buf:
-            tag = THINK_CLOSE if self.thinking else THINK_OPEN
-            out = reasoning if self.thinking else content
-            if self.lead:
-                stripped = self.buf.lstrip("\n")
-                if not stripped and not final:
-                    self.buf = ""
-                    break
-                self.buf, self.lead = stripped, False
-                continue
-            i = self.buf.find(tag)
-            if i >= 0:
-                piece = self.buf[:i]
-                out.append(piece.rstrip("\n") if self.thinking else piece)
-                self.buf = self.buf[i + len(tag):]
-                self.thinking, self.lead = not self.thinking, True
-                continue
-            if final:
-                out.append(self.buf)
-                self.buf = ""
-                break
-            hold = 0                    # a tag's beginning at the end
-            for n in range(min(len(tag) - 1, len(self.buf)), 0, -1):
-                if self.buf.endswith(tag[:n]):
-                    hold = n
-                    break
-            if self.thinking:            # trailing newlines may frame </think>
-                body = self.buf[:len(self.buf) - hold]
-                hold = len(self.buf) - len(body.rstrip("\n"))
-            cut = len(self.buf) - hold
-            out.append(self.buf[:cut])
-            self.buf = self.buf[cut:]
-            break
-        return "".join(reasoning), "".join(content)
-
-    def finish(self) -> tuple[str, str]:
-        return self.push("", final=True)
-
 
 # --- the application ------------------------------------------------------------------
 

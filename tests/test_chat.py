@@ -10,7 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from fucina_course.chat import EMPTY_THINK, ChatFormat, Conversation, without_think
+from fucina_course.chat import EMPTY_THINK, ChatFormat, Conversation
+from fucina_course.text_stream import without_think
 from fucina_course.chat_template import CHATML, ChatTemplate
 from fucina_course.errors import ContextFull, FucinaError
 from fucina_course.sampler import Sampler, SamplerConfig
@@ -401,3 +402,12 @@ def test_cli_bad_input_is_one_line_and_exit_1(args, expected):
     assert r.returncode == 1, err
     assert err.count("\n") == 1 and err.startswith("fucina: error:"), err
     assert expected in err and "Traceback" not in err
+
+
+def test_held_back_waits_only_for_what_may_begin_a_needle():
+    from fucina_course.text_stream import held_back
+    assert held_back("abc<thi", 7, ["<think>"]) == 4
+    assert held_back("abc<think>", 10, ["<think>"]) == 0     # a whole needle is found, not held
+    assert held_back("ok\nUs", 5, ["\nUser:", "Us"]) == 3      # the longest of the needles
+    assert held_back("abcdef", 3, ["cde"]) == 1               # only text[:end] counts
+    assert held_back("plain", 5, []) == 0

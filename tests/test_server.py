@@ -26,8 +26,8 @@ openai = pytest.importorskip("openai")
 from fucina_course.chat import ChatFormat, Conversation          # noqa: E402
 from fucina_course.sampler import SamplerConfig                  # noqa: E402
 from fucina_course.scheduler import _ExactPrefill                # noqa: E402
-from fucina_course.server import (FIELDS, Access, Server,         # noqa: E402
-                                  ThinkSplitter, _models)
+from fucina_course.server import FIELDS, Access, Server, _models  # noqa: E402
+from fucina_course.text_stream import ThinkSplitter              # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
 QUESTION = "What is the capital of France?"
