@@ -482,25 +482,29 @@ def _max_tokens(value, param: str) -> int | None:
 
 
 def _text_of(content, where: str) -> str:
-    """A message's content: a string, or text parts joined."""
+    """A message's content: a string, or text parts joined.  The parts are the chat
+    schema's models or the Responses API's plain dicts: one rule for both."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
+    if not isinstance(content, list):
+        raise ApiError(400, "content must be a string or a list of text parts",
+                       param=f"{where}.content")
     out = []
     for i, part in enumerate(content):
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
-            raise ApiError(400, f"only text content is supported, got a "
-                           f"{part.type!r} part", param=f"{where}.content[{i}]")
-        out.append(part.text)
+        get = part.get if isinstance(part, dict) else lambda k, p=part: getattr(p, k, None)
+        kind, text = get("type"), get("text")
+        if kind not in ("text", "input_text", "output_text") or not isinstance(text, str):
+            raise ApiError(400, f"only text content is supported, got a {kind!r} part",
+                           param=f"{where}.content[{i}]")
+        out.append(text)
     return "".join(out)
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user",
          "assistant": "assistant"}
 
-
-# --- thinking -----------------------------------------------------------------------------
 
 # --- the application ------------------------------------------------------------------
 
@@ -979,21 +983,10 @@ class App:
         if role is None:
             raise ApiError(400, f"unsupported role {item.get('role')!r}",
                            param=f"{where}.role")
-        content = item.get("content")
-        if isinstance(content, str):
-            return {"role": role, "content": content}
-        if not isinstance(content, list):
+        if item.get("content") is None:
             raise ApiError(400, "content must be a string or a list of text parts",
                            param=f"{where}.content")
-        parts = []
-        for j, part in enumerate(content):
-            if (not isinstance(part, dict) or part.get("type") not in
-                    ("input_text", "output_text", "text")
-                    or not isinstance(part.get("text"), str)):
-                raise ApiError(400, "only text parts are supported",
-                               param=f"{where}.content[{j}]")
-            parts.append(part["text"])
-        return {"role": role, "content": "".join(parts)}
+        return {"role": role, "content": _text_of(item["content"], where)}
 
     def _response_object(self, state, reply=None) -> dict:
         """The Responses API's object: in progress (no reply yet), or finished:

@@ -784,3 +784,29 @@ if os.environ.get("FUCINA_SERVE_DEBUG"):   # pragma: no cover - local runs
     import logging
 
     logging.basicConfig(level=logging.INFO)
+
+
+def test_non_text_content_is_refused_alike_on_both_apis(server):
+    """Chat messages (pydantic parts) and Responses items (plain dicts) go through one
+    content rule: text parts are joined, anything else is a 400 naming the part."""
+    image = {"type": "image_url", "image_url": {"url": "http://x/y.png"}}
+    text = {"type": "text", "text": "hi"}
+    chat = {"model": MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": [text, image]}]}
+    err = is_openai_error(post(server, "/v1/chat/completions", chat), 400,
+                          "messages[0].content[1]")
+    assert "'image_url'" in err["message"]
+    item = {"role": "user", "content": [{"type": "input_text", "text": "hi"},
+                                        {"type": "input_image", "image_url": "x"}]}
+    err = is_openai_error(post(server, "/v1/responses",
+                               {"model": MODEL, "input": [item], "max_output_tokens": 2}),
+                          400, "input[0].content[1]")
+    assert "'input_image'" in err["message"]
+    for bad in (5, [5], None):
+        r = post(server, "/v1/responses", {"model": MODEL, "max_output_tokens": 2,
+                                           "input": [{"role": "user", "content": bad}]})
+        is_openai_error(r, 400)
+    ok = post(server, "/v1/responses", {"model": MODEL, "max_output_tokens": 2, "input": [
+        {"role": "user", "content": [{"type": "input_text", "text": "Say "},
+                                     {"type": "input_text", "text": "hi"}]}]})
+    assert ok.status_code == 200, ok.text
