@@ -48,6 +48,7 @@ avx2 0.99x the hand-written schedule's speed, the blocks without a tape 0.93x.
 from __future__ import annotations
 
 import threading
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -89,6 +90,16 @@ class Watched:
         object.__setattr__(self, name, value)
 
 
+class Recorded(NamedTuple):
+    """One block of a recorded step."""
+
+    stage: str                     # "attention" or "ffn" (Step.stage while it runs)
+    calls: list | None             # its kernel calls (fn, args); None: call the block
+    result: np.ndarray             # the workspace buffer its result is written to
+    block: Callable                # the block itself, with ...
+    args: tuple                    # ... its arguments
+
+
 class Tape:
     """One thread's recorded one-token step: per block, its kernel calls and the buffer
     its result is in (or the block itself, to call again)."""
@@ -101,7 +112,7 @@ class Tape:
         self.x = x                          # the residual stream's buffer [1, hidden]
         self.segments = segments            # the recorded attention calls read [0]
         self.cos, self.sin = cos, sin       # the RoPE angles' buffers [1, D/2]
-        self.blocks: list[tuple] = []       # (stage, calls, result, block, args)
+        self.blocks: list[Recorded] = []
 
     def record(self, stage: str, block, *args):
         """block(*args), its kernel calls taped; returns its result."""
@@ -114,7 +125,7 @@ class Tape:
         buffers = vars(self.workspace.view(1)).values()
         if _local.fresh or not any(result is b for b in buffers):
             calls = None                    # call the block itself (a MoE's routing)
-        self.blocks.append((stage, calls, result, block, args))
+        self.blocks.append(Recorded(stage, calls, result, block, args))
         return result
 
     def replay(self, step) -> np.ndarray:
