@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     # The engine reports first-use work (a synthetic model being written, ...) as INFO
     # log records, which a notebook does not show and a terminal user wants to see.
     logging.basicConfig(level=logging.INFO, format="fucina: %(message)s")
+    logging.getLogger("gguf").setLevel(logging.WARNING)   # its writer's chatter: not ours
     threads = getattr(args, "threads", None)
     if threads is not None:
         if threads < 1:
