@@ -25,15 +25,15 @@ class DenseFfn(Watched):
         """From a layer's weights by role (weights.WeightReader.layer)."""
         return cls(FusedLinear([w["w_gate"], w["w_up"]]), w["w_down"])
 
-    def __call__(self, h: np.ndarray, path: str = "auto", ws=None) -> np.ndarray:
-        """h `[n, hidden]` -> `[n, hidden]`; with `ws` (a step's workspace, model.py)
-        every intermediate goes into its buffers instead of new arrays."""
-        if ws is None:
+    def __call__(self, h: np.ndarray, path: str = "auto", buffers=None) -> np.ndarray:
+        """h `[n, hidden]` -> `[n, hidden]`; with `buffers` (a step's, model.Step) every
+        intermediate goes into them instead of new arrays."""
+        if buffers is None:
             gate, up = self.gate_up(h, path)                    # [n, ffn] each
             return self.down(swiglu(gate, up), path)            # [n, hidden]
-        gate, up = self.gate_up(h, path, out=ws.gate_up)        # [n, ffn] each
-        act = swiglu(gate, up, out=ws.act)                      # silu(gate) * up
-        return self.down(act, path, out=ws.down)                # [n, hidden]
+        gate, up = self.gate_up(h, path, out=buffers.gate_up)   # [n, ffn] each
+        act = swiglu(gate, up, out=buffers.act)                 # silu(gate) * up
+        return self.down(act, path, out=buffers.down)           # [n, hidden]
 
     @property
     def nbytes_per_token(self) -> int:

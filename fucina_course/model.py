@@ -100,25 +100,25 @@ class Step:
     sin: np.ndarray              # [n, D/2]
     per_row: bool = False        # compute each row exactly as a decode step would
     workspace: Workspace | None = None   # buffers for up to n rows (workspace.py)
-    ws: SimpleNamespace = field(default_factory=lambda: NO_WORKSPACE)  # the n rows'
+    buffers: SimpleNamespace = field(default_factory=lambda: NO_WORKSPACE)  # the n rows'
     scale: float | None = None   # attention's 1 / sqrt(head_dim) (None: from q)
-    path: str = field(init=False)  # how a matrix meets several rows (weights.py)
+    matmul_path: str = field(init=False)  # how a matrix meets several rows (weights.py)
     stage: str = "embedding"     # what is running (named if it fails)
 
     def __post_init__(self):
-        self.path = "rows" if self.per_row else "auto"   # as decode would, or fastest
+        self.matmul_path = "rows" if self.per_row else "auto"  # as decode would, or fastest
 
     def keep_last_row(self) -> None:
         """From here on the step computes its last row only: its buffers' first row."""
         if self.workspace is not None:
-            self.ws = self.workspace.view(1)
+            self.buffers = self.workspace.view(1)
 
 
 def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index: int):
     """x `[n, hidden]` -> the attention block's contribution `[n, hidden]`."""
-    ws, eps, D = step.ws, cfg.rms_norm_eps, cfg.head_dim       # ws: buffers made once
+    ws, eps, D = step.buffers, cfg.rms_norm_eps, cfg.head_dim  # ws: buffers made once
     h = rms_norm(x, layer.attn_norm, eps, out=ws.h)             # [n, hidden]
-    q, k, v = layer.qkv(h, step.path, out=ws.qkv, head_dim=D)   # [n, H|KVH, D] each
+    q, k, v = layer.qkv(h, step.matmul_path, out=ws.qkv, head_dim=D)  # [n, H|KVH, D]
     if layer.q_norm is not None:                                # per head
         q = rms_norm(q, layer.q_norm, eps, out=ws.q_normed)     # [n, H, D]
         k = rms_norm(k, layer.k_norm, eps, out=ws.k_normed)     # [n, KVH, D]
@@ -126,13 +126,13 @@ def attention_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step, index:
     k = apply_rope(k, step.cos, step.sin, cfg.rope_style, out=ws.k_rot)
     scale = step.scale or 1.0 / np.sqrt(D)
     out = attend(q, k, v, step.segments, index, scale, step.per_row, out=ws.att)
-    return layer.attn_out(out, step.path, out=ws.o)             # [n, hidden]
+    return layer.attn_out(out, step.matmul_path, out=ws.o)      # [n, hidden]
 
 
 def ffn_block(layer: Layer, x: np.ndarray, cfg: Config, step: Step):
     """x `[n, hidden]` -> the feed-forward block's contribution `[n, hidden]`."""
-    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps, out=step.ws.h)  # [n, hidden]
-    return layer.ffn(h, step.path, step.ws)                     # dense or experts
+    h = rms_norm(x, layer.ffn_norm, cfg.rms_norm_eps, out=step.buffers.h)  # [n, hidden]
+    return layer.ffn(h, step.matmul_path, step.buffers)         # dense or experts
 
 
 def load_layer(w: WeightReader, i: int, expert_top_p: float = 1.0) -> Layer:
@@ -462,8 +462,8 @@ class Model:
     def _logits(self, x: np.ndarray, step: Step) -> np.ndarray:
         """The final norm and the lm_head: `[rows, vocab]` (a new array)."""
         h = rms_norm(x, self.output_norm, self.config.rms_norm_eps,
-                     out=step.ws.h)                                  # [rows, hidden]
-        return self.output(h, step.path)                             # [rows, vocab]
+                     out=step.buffers.h)                             # [rows, hidden]
+        return self.output(h, step.matmul_path)                      # [rows, vocab]
 
     def _workspace(self, n: int) -> Workspace | None:
         """This thread's workspace if it holds n rows (grown to n up to KEEP_ROWS), else

@@ -219,9 +219,9 @@ class MoeFfn(Watched):
         """Weight bytes one decoded token reads: the router and k experts."""
         return self.router.nbytes + self.k * self.expert_nbytes
 
-    def __call__(self, h: np.ndarray, path: str = "auto", ws=None) -> np.ndarray:
-        """h `[n, hidden]` -> `[n, hidden]` (a new array: `ws`, a step's workspace, is
-        not used; the experts' intermediates are a few k-row products)."""
+    def __call__(self, h: np.ndarray, path: str = "auto", buffers=None) -> np.ndarray:
+        """h `[n, hidden]` -> `[n, hidden]` (a new array: `buffers`, a step's, are not
+        used; the experts' intermediates are a few k-row products)."""
         n, k = len(h), self.k
         logits = self.router(h, path)                                    # [n, E]
         experts, weights = route(logits, k, self.normalize)              # [n, k] x2
