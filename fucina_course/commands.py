@@ -699,15 +699,18 @@ def _course_ask(args) -> int:
 
     reader = _workbook_dir(args)
     _check_question(args)
-    keep = workbook.written_by_reader(reader)
-    book = [f"{c.module}.{n}" for c in workbook.chapters()
-            for n, done in workbook.reader_state(reader, c)[0].items() if not done]
+    written = workbook.written_by_reader(reader)
+    book = [f"{module}.{n}" for module, names in written.items()
+            for n, done in names.items() if not done]
     if book:
         which = (", ".join(book) if len(book) <= 6
                  else f"`fucina course check --dir {reader}` lists them")
         print(f"fucina: the book's version of {len(book)} definitions you have not written "
               f"({which})", file=sys.stderr)
     gguf = GGUFFile(catalog.resolve(args.model))
+    def keep(module: str, name: str) -> bool:      # theirs wherever they wrote it
+        return written.get(module, {}).get(name, False)
+
     with workbook.environment(reader, keep) as course:
         m = course("build_it")
         try:

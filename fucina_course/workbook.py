@@ -299,7 +299,7 @@ def reader_state(reader: Path, chapter: Chapter) -> tuple[dict[str, bool], str |
     return {n: mine.get(n, False) for n in names}, None
 
 
-def written_by_reader(reader: Path) -> Keep:
-    """`keep` for running the reader's whole stack: every definition they implemented."""
-    state = {c.module: reader_state(reader, c)[0] for c in chapters()}
-    return lambda module, name: state.get(module, {}).get(name, False)
+def written_by_reader(reader: Path) -> dict[str, dict[str, bool]]:
+    """Module -> name -> whether the reader implemented it, for every chapter: what
+    running the reader's whole stack takes from them (`keep`), and from the book."""
+    return {c.module: reader_state(reader, c)[0] for c in chapters()}

@@ -125,15 +125,7 @@ class Fixtures:
 
     def greedy(self, ids, n: int, stop=()) -> list[int]:
         """The engine's greedy tokens after `ids` on the tiny model (up to a stop id)."""
-        model = self.tiny_engine
-        cache, out = model.new_cache(len(ids) + n), []
-        logits = model.forward_step(ids, 0, cache)
-        while len(out) < n:
-            out.append(int(np.argmax(logits)))
-            if out[-1] in stop:
-                break
-            logits = model.forward_step([out[-1]], cache.len, cache)
-        return out
+        return self.tiny_engine.generate(ids, n, stop_ids=set(stop))
 
 
 TINY_IDS = np.random.default_rng(42).integers(0, 4093, size=24).tolist()

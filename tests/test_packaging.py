@@ -107,10 +107,8 @@ sys.meta_path.insert(0, Block())
 
 def test_the_engine_runs_without_the_extras(tmp_path):
     groups = declared()
-    extras = {m for m, d in {**{k: k for k in groups["serve"] | groups["book"]},
-                             **{k: v for k, v in DISTRIBUTION.items()}}.items()
-              if d in groups["serve"] | groups["book"]}
-    extras |= {"starlette", "anyio", "pydantic"}        # fastapi's own, never needed here
+    module_of = {dist: module for module, dist in DISTRIBUTION.items()}
+    extras = {module_of.get(d, d) for d in groups["serve"] | groups["book"]}
     script = BLOCK_EXTRAS.format(extras=sorted(extras)) + """
 from fucina_course import Conversation, load_model
 from fucina_course.synth import TINY_QWEN3, write_synthetic

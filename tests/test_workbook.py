@@ -254,3 +254,22 @@ def test_ask_reports_the_readers_exception_in_one_line(tmp_path):
     assert answer.returncode == 1
     assert "Traceback" not in answer.stderr
     assert "your code raised NameError" in answer.stderr and "(build_it.py:" in answer.stderr
+
+
+def test_an_interrupted_check_ends_with_one_line(tmp_path):
+    """Ctrl-C half-way through the checks: status 130 and `fucina: interrupted`, no
+    traceback (the mixed `course` package and the alarm are put back on the way out)."""
+    import signal
+
+    reader = copy_of_reference(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "fucina_course", "course", "check",
+                            "--dir", str(reader)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stdout.readline().startswith("chapter 01")   # it is under way
+        run.send_signal(signal.SIGINT)
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 130, err
+    assert "fucina: interrupted" in err and "Traceback" not in err
