@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "fucina_course"
 
 # import name -> distribution name, where they differ
-DISTRIBUTION = {"jinja2": "Jinja2", "IPython": "ipython", "matplotlib_inline": "matplotlib-inline"}
+DISTRIBUTION = {"jinja2": "Jinja2", "IPython": "ipython", "matplotlib_inline": "matplotlib-inline",
+                "sse_starlette": "sse-starlette"}
 
 
 def _name(requirement: str) -> str:

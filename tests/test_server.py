@@ -26,7 +26,9 @@ openai = pytest.importorskip("openai")
 from fucina_course.chat import ChatFormat, Conversation          # noqa: E402
 from fucina_course.sampler import SamplerConfig                  # noqa: E402
 from fucina_course.scheduler import _ExactPrefill                # noqa: E402
-from fucina_course.server import FIELDS, Access, Server, _models  # noqa: E402
+from fucina_course.server import FIELDS, Access, Server           # noqa: E402
+from fucina_course.server.schema import (ChatRequest, CompletionRequest,  # noqa: E402
+                                         ResponsesRequest)
 from fucina_course.text_stream import ThinkSplitter              # noqa: E402
 
 MODEL = "qwen2.5-coder-0.5b"
@@ -339,7 +341,9 @@ def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
 def test_the_field_table_is_the_request_models():
     """`FIELDS` is the one place that says what a field does: the pydantic models
     hold exactly its honoured rows."""
-    models = _models()
+    models = {"chat": ChatRequest, "completion": CompletionRequest,
+              "responses": ResponsesRequest}
+    assert set(models) == set(FIELDS)
     for kind, rules in FIELDS.items():
         honoured = {name for name, rule in rules.items() if rule.kind == "honoured"}
         assert honoured == set(models[kind].model_fields), kind
@@ -810,3 +814,87 @@ def test_non_text_content_is_refused_alike_on_both_apis(server):
         {"role": "user", "content": [{"type": "input_text", "text": "Say "},
                                      {"type": "input_text", "text": "hi"}]}]})
     assert ok.status_code == 200, ok.text
+
+
+# --- the answers, without HTTP; and the stream's keep-alive --------------------------------
+
+def test_the_answers_are_the_openai_clients_types():
+    """The response objects and stream events are built by plain functions
+    (server/answers.py): called here on a reply and a job's events, each parses as
+    the `openai` client's own type for it."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    from openai.types.responses import Response, ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from fucina_course.errors import ContextFull
+    from fucina_course.server import answers
+    from fucina_course.server.schema import ResponsesRequest
+
+    reply = SimpleNamespace(raw_text="<think>\nHm.\n</think>\n\nParis.", ids=[1, 2, 3],
+                            stop_reason="end", reused=5)
+    meta = {"id": "chatcmpl-1", "created": 1, "model": MODEL}
+    whole = ChatCompletion.model_validate(answers.chat_completion(meta, reply, 9, True,
+                                                                  False))
+    assert whole.choices[0].message.content == "Paris."
+    assert whole.usage.completion_tokens == 4 and whole.usage.total_tokens == 13
+    assert Completion.model_validate(answers.text_completion(
+        {**meta, "id": "cmpl-1"}, reply, 9)).choices[0].finish_reason == "stop"
+
+    async def events(*items):
+        for item in items:
+            yield item
+
+    async def collect(stream):
+        return [event async for event in stream]
+
+    sent = asyncio.run(collect(answers.chat_events(
+        events(("text", "Par"), ("text", "is."), ("done", reply)), meta, 9,
+        split=True, thinking=False, include_usage=True)))
+    assert sent[-1] == {"data": "[DONE]"}
+    chunks = [ChatCompletionChunk.model_validate_json(e["data"]) for e in sent[:-1]]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) \
+        == "Paris."
+    assert chunks[-1].usage.prompt_tokens == 9
+    failed = asyncio.run(collect(answers.completion_events(
+        events(("error", ContextFull("full")),), meta, 9, include_usage=False)))
+    assert json.loads(failed[0]["data"])["error"]["code"] == "context_length_exceeded"
+    state = answers.ResponseState(
+        id="resp_1", msg="msg_" + "0" * 24, created=1.0, model=MODEL, n_prompt=9,
+        req=ResponsesRequest(model=MODEL, input="hi"), split=True, thinking=False)
+    sent = asyncio.run(collect(answers.response_events(
+        events(("text", "Paris."), ("done", reply)), state)))
+    # (the usage is left out: the client's ResponseUsage, newer than this server's,
+    # requires input_tokens_details.cache_write_tokens, which is not sent; the
+    # client itself reads its answers leniently)
+    bodies = [json.loads(e["data"]) for e in sent]
+    for body in bodies:
+        (body.get("response") or {}).pop("usage", None)
+    parsed = [TypeAdapter(ResponseStreamEvent).validate_python(b) for b in bodies]
+    assert [e["event"] for e in sent] == [p.type for p in parsed]
+    assert parsed[-1].type == "response.completed"
+    assert parsed[-1].response.output_text == "Paris."
+    final = answers.response_object(state, reply)
+    assert final["usage"]["input_tokens_details"] == {"cached_tokens": 5}
+    final.pop("usage")
+    assert Response.model_validate(final).output_text == "Paris."
+
+
+def test_keepalive_pings_leave_clients_unaffected(server, monkeypatch):
+    """sse-starlette sends a comment line (": ping - <time>") whenever a stream has
+    been quiet for PING_SECONDS, so that a proxy keeps it open; SSE clients skip
+    comments, the `openai` client included: it reads the same answer."""
+    from fucina_course.server import stream
+
+    client = client_of(server)
+    plain = ask(client, max_tokens=8).choices[0].message.content
+    monkeypatch.setattr(stream, "PING_SECONDS", 0.01)
+    text, _ = streamed(client, max_tokens=8)
+    assert text == plain
+    raw = post(server, "/v1/chat/completions", {
+        "model": MODEL, "max_tokens": 8, "temperature": 0, "stream": True,
+        "messages": [{"role": "user", "content": QUESTION}]}).text
+    assert "\n: ping - " in raw and raw.endswith("data: [DONE]\n\n")
