@@ -13,15 +13,13 @@ by chat_template.py, since it is code from a file); a file without one gets plai
 ChatML.  The rendered text is encoded with `encode_raw`: the template owns every
 structural token, BOS included.
 
-`Conversation` is the loop around the model: it owns the KV cache, the history, the
-sampler and a `StreamDecoder`; each turn prefills only the tokens the cache does not
-already hold, then repeats sample -> stop check -> stream -> forward one token ->
-commit.  With a `Speculator` (speculative.py) one forward step checks the sampled
-token and a drafter's guesses, and commits every guess the sampler agrees with.
-The conversation is the one owner of "the ids it lists are exactly the ids in its
-cache, and its text is what they spell": only its own methods (`rewind`, `extend`,
-`step`, `verify`, `accept`, `end_turn`) change the three, so an error or Ctrl-C
-anywhere leaves a conversation that can go on.
+`Conversation` is a chat over the generation core (generation.py): it owns the
+history, the sampler and a `Sequence` (the KV cache and the ids in it); each turn
+(`Turn`) prefills only the tokens the cache does not already hold, then runs the
+one decode loop (`generation.decode`: sample -> stop check -> stream -> forward one
+token -> commit; with a `Speculator`, draft and verify).  The sequence is the one
+owner of "the ids it lists are exactly the ids in its cache, and its text is what
+they spell", so an error or Ctrl-C anywhere leaves a conversation that can go on.
 """
 
 from __future__ import annotations
@@ -32,8 +30,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .chat_template import CHATML, ChatTemplate
+from . import generation
+from .generation import Decoder, decode
 from .kv_cache import common_prefix, prompt_fits
-from .speculative import judge, verify_step
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 from .text_stream import THINK_CLOSE, THINK_OPEN, Stream, TextStream
@@ -139,8 +138,9 @@ class Reply:
     """One answer, and what it cost.
 
     `text` is what was shown (think block hidden unless shown), `raw_text` all the
-    model wrote up to the stop, `ids` the answer's tokens now in the KV cache (the
-    end marker is not: it was sampled, recognized, and never fed back).
+    model wrote up to the stop, `ids` the answer's tokens: in the KV cache, all but
+    a last one that reached max_tokens (the token that ends an answer is never fed
+    back; the end marker is not among them).
     `stop_reason`: "end" (the end marker), "stop_string", "max_tokens",
     "context_full" (no room left for another token) or "interrupted"."""
 
@@ -169,22 +169,41 @@ class Reply:
                 f"{pre}{spec}; {self.stop_reason}]")
 
 
-class _Turn:
-    """One answer in progress: the prefix to prefill, then one token at a time.
+class Turn:
+    """One answer in progress: the prompt to prefill, then a `generation.Decoder`
+    (choose, commit, speculate) with the conversation's sampler, stop rules and
+    text stream.
 
-    It changes the conversation only through the conversation's own methods, so
-    `conv.tokens` are exactly the ids in `conv.cache` at every step; `conv.messages`
-    changes once, when the answer is over, so it always ends with a complete turn."""
+    It changes the conversation only through its `Sequence` (generation.py), so
+    `conv.tokens` are exactly the ids in `conv.cache` at every step;
+    `conv.messages` changes once, when the answer is over (`finish`), so it always
+    ends with a complete turn.  Made by `for_messages` (chat: render, keep what the
+    cache holds) or `for_ids` (the server: a prompt already rendered and encoded)."""
 
-    def __init__(self, conv: "Conversation", messages: list[dict], stream: Stream,
-                 whole: bool):
+    def __init__(self, conv: "Conversation", messages: list[dict], text: str,
+                 keep: int, new: list[int], stream: Stream):
         self.conv, self.messages = conv, messages
+        self.text, self.keep, self.new = text, keep, new
+        self.streamer = TextStream(conv.format.tokenizer, stream, conv.stop,
+                                   conv.show_think)
+        self.decoder = Decoder(conv.seq, conv.sampler, stop_ids=conv.format.stop_ids,
+                               limit=conv.max_response_tokens,
+                               on_token=self.streamer.push)
+        self.done = 0                    # ids of `new` prefilled so far
+        self.prefill_seconds = self.decode_seconds = 0.0
+        self._t0 = self._t_prefill = 0.0
+        self.started = False
+
+    @classmethod
+    def for_messages(cls, conv: "Conversation", messages: list[dict], stream: Stream,
+                     whole: bool) -> "Turn":
+        """Render `messages`; keep the cached ids their text (or, when the
+        template rewrote history or `whole`, their ids) starts with."""
         fmt, tok = conv.format, conv.format.tokenizer
         text = fmt.render(messages, no_think=conv.no_think)
         held, cached = conv.tokens, conv.cached_text
         if not whole and cached is not None and text.startswith(cached):
-            keep = len(held)
-            new = tok.encode_raw(text[len(cached):])
+            keep, new = len(held), tok.encode_raw(text[len(cached):])
         else:  # the template rewrote history (or a whole conversation was sent)
             ids = tok.encode_raw(text)
             keep = common_prefix(held, ids)
@@ -200,103 +219,62 @@ class _Turn:
                 f"this turn needs {len(new)} new tokens (+1 to answer) but "
                 f"{capacity - keep} of the conversation's {capacity} positions are "
                 f"left; start over (reset) or use a larger context")
-        self._start(text, keep, new, stream)
+        return cls(conv, messages, text, keep, new, stream)
 
-    def _start(self, text: str, keep: int, new: list[int], stream: Stream) -> None:
-        """The state of a turn that keeps `keep` cached ids and prefills `new`."""
-        conv = self.conv
-        self.text, self.keep, self.new = text, keep, new
-        self.streamer = TextStream(conv.format.tokenizer, stream, conv.stop,
-                                  conv.show_think)
-        self.ids: list[int] = []
-        self.drafted = self.accepted = 0
-        self.reason: str | None = None
-        self.prefill_seconds = self.decode_seconds = 0.0
-        self._t0 = 0.0
-        self.started = False
+    @classmethod
+    def for_ids(cls, conv: "Conversation", ids: Sequence[int], text: str,
+                stream: Stream) -> "Turn":
+        """A prompt given as ids (and the text they spell): keep the longest
+        common prefix of the cached ids and the prompt, prefill the rest."""
+        ids = list(ids)
+        keep = common_prefix(conv.tokens, ids)
+        if keep == len(ids):   # all cached: re-run the last id to get its logits
+            keep -= 1
+        capacity = conv.cache.capacity
+        if not prompt_fits(len(ids), capacity):
+            raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
+                              f"a slot holds {capacity} positions")
+        return cls(conv, [], text, keep, ids[keep:], stream)
 
-    def prefill(self):
-        conv = self.conv
-        conv.rewind(self.keep)
-        t0 = time.perf_counter()
-        logits = conv.extend(self.new, self.text)
+    def prefill(self, chunk: int | None = None):
+        """Prefill up to `chunk` more ids of the prompt (default: all); the last
+        logits once it is all in the cache (the turn has `started`), else None.
+        Until then the cached text is unknown, and a turn dropped half-way leaves
+        ids in the cache that are a valid prefix for the next one."""
+        seq = self.conv.seq
+        if self.done == 0:
+            seq.rewind(self.keep)
+            self._t_prefill = time.perf_counter()
+        n = len(self.new) if chunk is None else chunk
+        part = self.new[self.done:self.done + n]
+        self.done += len(part)
+        last = self.done == len(self.new)
+        logits = seq.extend(part, self.text if last else None)
+        if not last:
+            return None
         self._t0 = time.perf_counter()
-        self.prefill_seconds = self._t0 - t0
+        self.prefill_seconds = self._t0 - self._t_prefill
         self.started = True
         return logits
 
-    def choose(self, logits, guess: int | None = None, q=None) -> int | None:
-        """Sample the next token; None when the answer is over (`reason` says why).
-        `guess` (and its draft distribution `q`): a drafter's guess for this
-        position, judged by the speculative rule (speculative.judge)."""
-        conv = self.conv
-        limit = conv.max_response_tokens
-        if limit is not None and len(self.ids) >= limit:
-            self.reason = "max_tokens"
-            return None
-        tid = conv.sample(logits, guess, q)
-        if tid in conv.format.stop_ids:
-            self.reason = "end"
-            return None
-        if conv.cache.remaining < 1:
-            self.reason = "context_full"
-            return None
-        if self.streamer.push(tid):
-            self.reason = "stop_string"
-            return None
-        return tid
-
-    def commit(self, tid: int) -> None:
-        """`tid` went through the model (`Conversation.step`): part of the answer."""
-        self.ids.append(tid)
-
-    def speculate(self, tid: int, speculator) -> int | None:
-        """Feed the chosen `tid` together with the drafter's guesses in one step;
-        commit `tid` and every guess the sampler agrees with; the next chosen token
-        (not yet fed), or None when the answer is over.
-
-        The guesses fit the cache and the answer's token limit, so every check of
-        `choose` (end marker, stop string, max_tokens, context) runs on each
-        accepted token as it would without speculation."""
-        conv = self.conv
-        room = conv.cache.remaining - 1
-        limit = conv.max_response_tokens
-        if limit is not None:
-            room = min(room, limit - len(self.ids) - 1)
-        draft = speculator.propose(conv._tokens + [tid], room)
-        rows = conv.verify([tid] + draft.ids)
-        self.commit(tid)
-        accepted, nxt = 0, None
-        for i, guess in enumerate(draft.ids):
-            nxt = self.choose(rows[i], guess, draft.q[i] if draft.q else None)
-            if nxt != guess:
-                break
-            conv.accept(guess)
-            self.commit(guess)
-            accepted += 1
-        else:
-            nxt = self.choose(rows[len(draft.ids)])
-        speculator.stats.record(len(draft.ids), accepted)
-        self.drafted += len(draft.ids)
-        self.accepted += accepted
-        return nxt
-
     def finish(self, reason: str | None = None) -> Reply:
-        conv, tok = self.conv, self.conv.format.tokenizer
-        self.reason = reason or self.reason
+        """The answer is over (`reason` overrides the decoder's: "interrupted"):
+        the history gains it, and the reply says what it cost."""
+        conv, tok, dec = self.conv, self.conv.format.tokenizer, self.decoder
+        reason = reason or dec.reason
         self.decode_seconds = time.perf_counter() - self._t0
         self.streamer.finish()
         raw = self.streamer.raw if self.streamer.stop_at is None \
             else self.streamer.raw[:self.streamer.stop_at]
-        spelled = tok.decode(self.ids)
-        content = spelled if self.reason != "stop_string" else raw
+        answer = dec.answer if reason == dec.reason else list(dec.ids)
+        content = tok.decode(answer) if reason != "stop_string" else raw
         conv.end_turn(self.messages + [{"role": "assistant", "content": content}],
-                      self.text + spelled)
-        return Reply(text=self.streamer.visible(), raw_text=raw, ids=list(self.ids),
-                     stop_reason=self.reason, prefilled=len(self.new), reused=self.keep,
+                      self.text + tok.decode(dec.ids))
+        return Reply(text=self.streamer.visible(), raw_text=raw, ids=answer,
+                     stop_reason=reason, prefilled=len(self.new), reused=self.keep,
                      prefill_seconds=self.prefill_seconds,
-                     decode_seconds=self.decode_seconds, drafted=self.drafted,
-                     accepted=self.accepted)
+                     decode_seconds=self.decode_seconds, drafted=dec.drafted,
+                     accepted=dec.accepted)
 
 
 class Conversation:
@@ -345,27 +323,25 @@ class Conversation:
             raise FucinaError(f"max_response_tokens must be at least 1, "
                               f"got {max_response_tokens}")
         self.cache = model.new_cache(capacity, cache_type)
+        self.seq = generation.Sequence(model, self.cache)   # the ids in the cache, and their text
         self.max_response_tokens = max_response_tokens
         self.stop = tuple(stop)
         self.system = system
         self.messages: list[dict] = []
-        self._tokens: list[int] = []     # exactly the ids in the cache
-        self._pending: list[int] = []    # guesses verified past them (`verify`)
-        self._text: str | None = ""      # the text those ids spell (None: unknown)
         self.reset(system)
 
-    # --- what the cache holds: changed only here ---------------------------------
+    # --- what the cache holds: its Sequence (generation.py) -------------------------
 
     @property
     def tokens(self) -> list[int]:
         """The ids in the KV cache, in order (a copy)."""
-        return list(self._tokens)
+        return self.seq.tokens
 
     @property
     def cached_text(self) -> str | None:
         """The text the ids in the cache spell; None while it is not known (after a
         rewind whose prefill failed, or during an answer)."""
-        return self._text
+        return self.seq.text
 
     @property
     def remaining(self) -> int:
@@ -373,80 +349,32 @@ class Conversation:
         return self.cache.remaining
 
     def rewind(self, n_tokens: int) -> None:
-        """Keep only the first `n_tokens` ids in the cache (`KvCache.truncate`).  The
-        text they spell is unknown until the next `extend` says: the ids decide."""
-        self._pending = []
-        if n_tokens < len(self._tokens):
-            self.cache.truncate(n_tokens)
-            del self._tokens[n_tokens:]
-            self._text = None
+        """Keep only the first `n_tokens` ids in the cache (`Sequence.rewind`)."""
+        self.seq.rewind(n_tokens)
 
     def extend(self, ids: Sequence[int], text: str | None = None):
-        """Run `ids` through the model after the ids in the cache; the cache then
-        holds both, and they spell `text` (None: not known).  The last logits."""
-        self._pending = []
-        logits = self.model.forward_step(ids, len(self._tokens), self.cache)
-        self._tokens.extend(ids)
-        self._text = text
-        return logits
+        """Prefill `ids` after the cache (`Sequence.extend`); the last logits."""
+        return self.seq.extend(ids, text)
 
     def verify(self, ids: Sequence[int]):
-        """Speculation's step: run `ids` (a chosen token, then guesses) after the
-        cache; logits `[len(ids), vocab]`, each row bit-identical to a plain decode
-        step's (speculative.verify_step).  Only ids[0] is committed; the guesses
-        wait in the cache, past its length, until `accept` takes them in order (the
-        next verify, extend, step or rewind forgets the rest)."""
-
-        base = len(self._tokens)
-        try:
-            rows = verify_step(self.model, ids, self.cache)
-        except BaseException:         # Ctrl-C mid-step: the cache keeps what we list
-            self.cache.truncate(base)
-            raise
-        self.cache.truncate(base + 1)
-        self._tokens.append(ids[0])
-        self._text = None
-        self._pending = list(ids[1:])
-        return rows
+        """Speculation's step (`Sequence.verify`)."""
+        return self.seq.verify(ids)
 
     def accept(self, tid: int) -> None:
-        """Commit the next pending guess (it must be `tid`): its K and V are already
-        in the cache (`KvCache.advance`)."""
-        if not self._pending or self._pending[0] != tid:
-            raise FucinaError(f"token {tid} is not the next verified guess")
-        del self._pending[0]
-        self.cache.advance(1)
-        self._tokens.append(tid)
+        """Commit the next verified guess (`Sequence.accept`)."""
+        self.seq.accept(tid)
 
     @staticmethod
     def step(conversations: Sequence["Conversation"], ids: Sequence[int]) -> list:
-        """One more token for each conversation (`ids[i]` for the i-th) in one
-        forward step, so the weights are read once for all of them; the logits of
-        each.  Their text is unknown until `end_turn`."""
-        model, caches = conversations[0].model, [c.cache for c in conversations]
-        if len(caches) == 1:     # one stream: the plain decode step
-            out = [model.forward_step(list(ids), caches[0].len, caches[0])]
-        else:                    # N streams: the weights are read once
-            out = model.forward_step_batch(list(ids), caches)
-        for conv, tid in zip(conversations, ids):
-            conv._pending = []
-            conv._tokens.append(tid)
-            conv._text = None
-        return out
-
-    def sample(self, logits, guess: int | None = None, q=None) -> int:
-        """The sampler's next token (its penalties look back at the ids in the
-        cache); with a drafter's `guess`, judged by speculative.judge."""
-        if guess is None:
-            return self.sampler.next(logits, self._tokens)
-
-        return judge(self.sampler, logits, self._tokens, guess, q)
+        """One more token for each conversation in one forward step
+        (`Sequence.step`); the logits of each."""
+        return generation.Sequence.step([c.seq for c in conversations], ids)
 
     def end_turn(self, messages: list[dict], text: str) -> None:
         """An answer is over: `messages` is the history now (it ends with that
         answer), and `text` what the ids in the cache spell."""
         self.messages = messages
-        self._text = text
+        self.seq.text = text
 
     def reset(self, system: str | None = ...) -> None:
         """Forget the conversation (keep or replace the system prompt).  The
@@ -455,8 +383,7 @@ class Conversation:
             self.system = system
         self.messages = [{"role": "system", "content": self.system}] \
             if self.system else []
-        self.cache.truncate(0)
-        self._tokens, self._text, self._pending = [], "", []
+        self.seq.reset()
 
     # --- turns ---------------------------------------------------------------------
 
@@ -465,8 +392,9 @@ class Conversation:
         or a file-like writer) as it is generated."""
         if not isinstance(user, str) or not user.strip():
             raise FucinaError("the message is empty")
-        turn = _Turn(self, self.messages + [{"role": "user", "content": user}],
-                     stream, whole=False)
+        turn = Turn.for_messages(self, self.messages + [{"role": "user",
+                                                          "content": user}],
+                                 stream, whole=False)
         return self._run([turn])[0]
 
     def send_rendered(self, messages: Sequence[dict], *,
@@ -474,7 +402,7 @@ class Conversation:
         """Answer a whole conversation given as messages (as an OpenAI-style client
         sends it each time), reusing the cache up to the longest common token
         prefix with what it holds: rewind there, prefill the rest."""
-        turn = _Turn(self, [dict(m) for m in messages], stream, whole=True)
+        turn = Turn.for_messages(self, [dict(m) for m in messages], stream, whole=True)
         return self._run([turn])[0]
 
     @staticmethod
@@ -495,33 +423,18 @@ class Conversation:
         for u in users:
             if not isinstance(u, str) or not u.strip():
                 raise FucinaError("the message is empty")
-        turns = [_Turn(c, c.messages + [{"role": "user", "content": u}], s, whole=False)
+        turns = [Turn.for_messages(c, c.messages + [{"role": "user", "content": u}],
+                                   s, whole=False)
                  for c, u, s in zip(convs, users, streams)]
         return Conversation._run(turns)
 
     @staticmethod
-    def _run(turns: list[_Turn]) -> list[Reply]:
-        """Prefill each turn, then: sample -> stop check -> stream (in `choose`),
-        one forward step for every answer still running (`step`), commit."""
+    def _run(turns: list[Turn]) -> list[Reply]:
+        """Prefill each turn, then the one decode loop (generation.decode)."""
         try:
             logits = [t.prefill() for t in turns]
             spec = turns[0].conv.speculator if len(turns) == 1 else None
-            if spec is not None:       # one answer: draft and verify
-                tid = turns[0].choose(logits[0])
-                while tid is not None:
-                    tid = turns[0].speculate(tid, spec)
-                return [turns[0].finish()]
-            running = list(range(len(turns)))
-            while running:
-                picks = {i: turns[i].choose(logits[i]) for i in running}
-                running = [i for i in running if picks[i] is not None]
-                if not running:
-                    break
-                ids = [picks[i] for i in running]
-                out = Conversation.step([turns[i].conv for i in running], ids)
-                for row, i in enumerate(running):
-                    turns[i].commit(ids[row])
-                    logits[i] = out[row]
+            decode([t.decoder for t in turns], logits, spec)
         except KeyboardInterrupt:
             for t in turns:  # keep what is in the caches; a turn not prefilled is void
                 if t.started:

@@ -70,7 +70,7 @@ from .kv_cache import KvCache
 from .ffn import DenseFfn
 from .moe import MoeFfn, check_top_p, load_moe_ffn
 from .ops import RopeTable, apply_rope, rms_norm
-from . import validate
+from . import generation, validate
 from .quant import isa
 from .tape import Tape, Watched
 from .weights import FusedLinear, LinearWeight, WeightReader
@@ -286,37 +286,17 @@ class Model:
         return self._forward(ids, segments, last_only=False)
 
     def generate(self, prompt_ids, max_new_tokens: int, *, stop_ids=None,
-                 cache: KvCache | None = None, on_token=None) -> list[int]:
-        """Greedy generation: prefill the prompt, then argmax one token at a time.
+                 cache: KvCache | None = None, on_token=None,
+                 speculator=None) -> list[int]:
+        """Greedy generation: prefill the prompt, then argmax one token at a time
+        (generation.py: the one decode loop, which chat and the server drive too).
 
         Stops after `max_new_tokens`, at a stop id (default: the tokenizer's end-of-turn
         ids; the stop token is included in the result), or when the cache is full.
-        """
-        prompt_ids, stop_ids, cache = self.generation_setup(prompt_ids, max_new_tokens,
-                                                            stop_ids, cache)
-        out: list[int] = []
-        if max_new_tokens <= 0:
-            return out
-        logits = self.forward_step(prompt_ids, cache.len, cache)
-        while True:
-            nxt = int(np.argmax(logits))
-            out.append(nxt)
-            if on_token:
-                on_token(nxt)
-            if nxt in stop_ids or len(out) >= max_new_tokens or cache.remaining < 1:
-                return out
-            logits = self.forward_step([nxt], cache.len, cache)
-
-    def generation_setup(self, prompt_ids, max_new_tokens: int, stop_ids, cache):
-        """`generate`'s defaults (also speculative.generate's): the prompt as a list,
-        the stop ids (the tokenizer's end-of-turn ids), a cache that fits."""
-        prompt_ids = list(prompt_ids)
-        if stop_ids is None:
-            stop_ids = set(self.tokenizer.eot_ids) if self.tokenizer else set()
-        if cache is None:
-            capacity = min(self.config.context_length, len(prompt_ids) + max_new_tokens)
-            cache = self.new_cache(capacity)
-        return prompt_ids, stop_ids, cache
+        With a `speculator` (speculative.py): the same tokens in fewer steps."""
+        return generation.generate(self, prompt_ids, max_new_tokens, stop_ids=stop_ids,
+                                   cache=cache, on_token=on_token,
+                                   speculator=speculator)
 
     # --- the forward pass -------------------------------------------------------------
 

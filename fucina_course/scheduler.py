@@ -1,18 +1,19 @@
 """Continuous batching: many requests, one model, one engine thread.
 
-The server (server.py) turns each HTTP request into a `Job` (prompt ids, a sampler,
-limits, and a `sink` that receives its text) and hands it to a `Scheduler`.  One
-engine thread owns the model and `parallel` slots; each slot is a
-`chat.Conversation` (a KV cache and the ids in it), so every rule a conversation
-keeps (the ids it lists are exactly the ids in its cache; rewind, extend, step,
-end_turn are the only ways to change them) holds here too.  The loop:
+The server (fucina_course/server/) turns each HTTP request into a `Job` (prompt
+ids, a sampler, limits, and a `sink` that receives its text) and hands it to a
+`Scheduler`.  One engine thread owns the model and `parallel` slots; each slot is
+a `chat.Conversation` (a `generation.Sequence`: a KV cache and the ids in it), and
+each job a `chat.Turn` over it (`Turn.for_ids`), so a job decodes, stops and
+streams exactly as a chat answer does, and the ids a slot lists are exactly the
+ids in its cache.  The loop:
 
     admit     a waiting job takes a free slot and is prefilled there (only the ids
               the slot's cache does not already hold: see "Prefix reuse"), one
               chunk of `prefill_chunk` ids per loop, between decode steps
     choose    every running job samples its next token from its latest logits
               (its own sampler and seed, stop ids, stop strings, max_tokens)
-    step      one `Conversation.step` for all jobs still running: one
+    step      one `generation.advance` for all jobs still running: one
               `forward_step_batch` reads the weights once for all of them
     leave     a job that ended (or was cancelled) gives back its slot at once
 
@@ -22,7 +23,7 @@ it ends; the others do not wait for it.  Rejected alternative: static batches
 for the longest one and a new request wait for the whole batch.
 
 Speculation (`speculator`, `fucina serve --speculate`): while one job decodes
-alone, its step is a verify step (`_Turn.speculate`: its chosen token and the
+alone, its step is a verify step (`Decoder.speculate`: its chosen token and the
 drafter's guesses, every agreed guess committed); with two or more the plain
 batched step runs, since the batch already shares each read of the weights.  A
 deterministic drafter leaves every job's tokens as they are (speculative.py), so
@@ -64,7 +65,7 @@ turn) runs inside that job's own `try`: a failure ends that job with an error
 (reset to empty if the failure left its state unknown), while the other jobs go
 on.  An exception outside that (a bug in the loop itself) ends the engine thread:
 every job gets an error, `failure` records why, and the server stops the process
-(server.py) rather than answer 503 forever.
+(server/process.py) rather than answer 503 forever.
 """
 
 from __future__ import annotations
@@ -72,12 +73,12 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .chat import Conversation, Reply, _Turn
+from .chat import Conversation, Reply, Turn
+from .generation import advance
 from .kv_cache import common_prefix, prompt_fits
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
@@ -151,50 +152,6 @@ class Job:
             log.exception("a job's sink failed")
 
 
-class _SlotTurn(_Turn):
-    """A `chat._Turn` given its prompt as ids (already rendered and encoded by the
-    server, which needs them first: to check the context and to pick the slot).
-
-    Only the constructor differs: keep the longest common prefix of the slot's ids
-    and the prompt, prefill the rest; `prefill`, `choose`, `commit`, `finish` are
-    the conversation's own, so the serving loop and `Conversation.send` stop,
-    stream and count in the same way."""
-
-    def __init__(self, conv: Conversation, ids: Sequence[int], text: str, stream):
-        ids = list(ids)
-        keep = common_prefix(conv.tokens, ids)
-        if keep == len(ids):   # all cached: re-run the last id to get its logits
-            keep -= 1
-        new = ids[keep:]
-        capacity = conv.cache.capacity
-        if not prompt_fits(keep + len(new), capacity):
-            raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
-                              f"a slot holds {capacity} positions")
-        self.conv, self.messages = conv, []
-        self._start(text, keep, new, stream)
-        self.done = 0                    # ids of `new` prefilled so far
-
-    def prefill_some(self, n: int):
-        """Prefill up to `n` more ids of the prompt; the last logits once it is all
-        in the cache (the turn has `started`), else None.  Until then the
-        conversation's text is unknown (`extend(..., None)`) and a cancelled turn
-        is simply dropped: its ids in the cache are a valid prefix for the next."""
-        conv = self.conv
-        if self.done == 0:
-            conv.rewind(self.keep)
-            self._t_prefill = time.perf_counter()
-        chunk = self.new[self.done:self.done + n]
-        self.done += len(chunk)
-        last = self.done == len(self.new)
-        logits = conv.extend(chunk, self.text if last else None)
-        if not last:
-            return None
-        self._t0 = time.perf_counter()
-        self.prefill_seconds = self._t0 - self._t_prefill
-        self.started = True
-        return logits
-
-
 class _ExactPrefill:
     """The model, as a slot's conversation sees it: a prompt of several tokens is
     prefilled with `per_row=True`, every row computed exactly as a decode step.
@@ -209,10 +166,9 @@ class _ExactPrefill:
     never change a request's tokens: they are a function of its prompt and
     sampler alone.  Cost: where "auto" runs the multi-row tiles too, none
     measurable; at avx512vnni, whose prompts of 16+ tokens "auto" gives to the
-    packed GEMM (quant/_int_packed.py), a per-row prefill of 40 / 200 / 300 tokens
-    takes 1.9 / 2.4 / 2.6 times as long (0.17 / 0.82 / 1.25 s against 0.09 / 0.34 /
-    0.49 s, the default model, 2 cores, 2026-12-02).  The time to a first token
-    stays low where it matters most, on a shared system prompt, which a slot's
+    packed GEMM (quant/_int_packed.py), a per-row prefill takes about two to
+    three times as long (measured: docs/BENCHMARKS.md#exact-prefill).  The time
+    to a first token stays low where it matters most, on a shared system prompt, which a slot's
     prefix cache skips.  Rejected alternative: keep the fast prefill and only reuse
     prefixes that leave a long enough suffix; no suffix length made the last row
     exact for every prompt length (the kernels tile rows, and fewer than 16 rows
@@ -234,7 +190,7 @@ class _Slot:
     conv: Conversation
     index: int
     job: Job | None = None
-    turn: _SlotTurn | None = None
+    turn: Turn | None = None
     logits: object = None
     next: int | None = None          # a token speculation already chose
     last_used: int = 0
@@ -456,11 +412,11 @@ class Scheduler:
                 def write(text: str, _job=job) -> None:
                     _job._emit("text", text)
 
-                slot.turn = _SlotTurn(conv, job.ids, job.text, write)
+                slot.turn = Turn.for_ids(conv, job.ids, job.text, write)
                 self.stats.jobs += 1
                 self.stats.prefilled += len(slot.turn.new)
                 self.stats.reused += slot.turn.keep
-            slot.logits = slot.turn.prefill_some(self.prefill_chunk)
+            slot.logits = slot.turn.prefill(self.prefill_chunk)
         except FucinaError as e:         # the job's own (a prompt that does not fit)
             slot.turn = None             # the ids cached so far are a valid prefix
             self._release(slot, error=e)
@@ -485,9 +441,8 @@ class Scheduler:
         if len(picks) == 1 and self.speculator is not None:
             self._speculate(*picks[0])
             return
-        ids = [tid for _, tid in picks]
         try:
-            out = Conversation.step([s.conv for s, _ in picks], ids)
+            out = advance([(s.turn.decoder, tid) for s, tid in picks])
         except Exception as e:
             error = _internal(e, "a decode step")
             for slot, _ in picks:
@@ -496,12 +451,8 @@ class Scheduler:
         self.stats.steps += 1
         self.stats.rows += len(picks)
         self.stats.max_rows = max(self.stats.max_rows, len(picks))
-        for row, (slot, tid) in enumerate(picks):
-            try:
-                slot.turn.commit(tid)
-                slot.logits = out[row]
-            except Exception as e:
-                self._abort(slot, _internal(e, "commit"))
+        for (slot, _), logits in zip(picks, out):
+            slot.logits = logits
 
     def _choose(self, slot: _Slot) -> int | None:
         """The job's next token, or None once its answer is over (then closed)."""
@@ -510,7 +461,7 @@ class Scheduler:
             return None
         try:
             tid, slot.next = (slot.next if slot.next is not None
-                              else slot.turn.choose(slot.logits)), None
+                              else slot.turn.decoder.choose(slot.logits)), None
         except FucinaError as e:         # the job's own: a grammar that cannot go on
             self._finish(slot, "error", error=e)
             return None
@@ -521,7 +472,7 @@ class Scheduler:
     def _speculate(self, slot: _Slot, tid: int) -> None:
         """A job decoding alone: one verify step of `tid` and the drafter's
         guesses; the token it chose next waits in `slot.next`."""
-        turn = slot.turn
+        turn = slot.turn.decoder
         drafted, accepted = turn.drafted, turn.accepted
         try:
             try:

@@ -10,7 +10,8 @@ than making one.  Speculation exploits it:
 3. walking the rows, the sampler picks each next token as it always would; while
    its pick equals the guess, the guess is accepted and the next row is already
    computed; the first disagreement is itself a token (the model's own pick), and
-   the cache forgets the guesses after it (`Conversation.verify` / `accept`).
+   the cache forgets the guesses after it (generation.py: `Sequence.verify` /
+   `accept`, and `Decoder.speculate`, the one verify/accept loop).
 
 Every step emits at least one token, so a drafter that always guesses wrong costs
 only the extra rows of each step; one that guesses right emits up to k + 1.
@@ -66,9 +67,9 @@ from .sampler import Distribution, Sampler, SamplerConfig, draw
 
 # 7 guesses + the chosen token = 8 rows: one tile of the multi-row kernels
 # (quant/_ir.py TILE), which unpack each weight block once per tile.  A ninth row
-# starts a second tile: on the default model (2-core Xeon, avx512vnni, 2026-12-02) a
-# verify step of 8 rows took 82-98 ms and one of 9 rows 125-129 ms, and a code edit
-# decoded 2.1x faster with 7 guesses per step than 1.6-1.9x with 8.
+# starts a second tile, which made a verify step 1.3 to 1.5 times as long, and a
+# code edit decoded faster with 7 guesses per step than with 8 (measured:
+# docs/BENCHMARKS.md#draft-max).
 DEFAULT_DRAFT_MAX = 7
 
 
@@ -285,51 +286,6 @@ class Speculator:
         draft = self.drafter.propose(tokens, limit)
         draft.ids = [int(t) for t in draft.ids[:limit]]
         return draft
-
-
-def generate(model, prompt_ids, max_new_tokens: int, speculator: Speculator, *,
-             stop_ids=None, cache=None, on_token=None) -> list[int]:
-    """Greedy generation with speculation: the same tokens as `Model.generate`
-    (bit-identical logits, module docstring), in fewer forward steps."""
-    prompt_ids, stop_ids, cache = model.generation_setup(prompt_ids, max_new_tokens,
-                                                         stop_ids, cache)
-    out: list[int] = []
-    if max_new_tokens <= 0:
-        return out
-    tokens = list(prompt_ids)
-    logits = model.forward_step(prompt_ids, cache.len, cache)
-    nxt = int(np.argmax(logits))
-    while True:
-        out.append(nxt)
-        if on_token:
-            on_token(nxt)
-        if nxt in stop_ids or len(out) >= max_new_tokens or cache.remaining < 1:
-            return out
-        # room: the guesses must fit in the cache (after nxt) and in the answer
-        room = min(cache.remaining - 1, max_new_tokens - len(out) - 1)
-        draft = speculator.propose(tokens + [nxt], room)
-        base = cache.len
-        rows = verify_step(model, [nxt] + draft.ids, cache)
-        tokens.append(nxt)
-        accepted = 0
-        for i, guess in enumerate(draft.ids):
-            pick = int(np.argmax(rows[i]))
-            if pick != guess:
-                nxt = pick
-                break
-            accepted += 1
-            out.append(guess)
-            tokens.append(guess)
-            if on_token:
-                on_token(guess)
-            if guess in stop_ids or len(out) >= max_new_tokens:
-                cache.truncate(base + accepted)   # the last token is not fed, as plain
-                speculator.stats.record(len(draft.ids), accepted)
-                return out
-        else:
-            nxt = int(np.argmax(rows[len(draft.ids)]))
-        cache.truncate(base + 1 + accepted)
-        speculator.stats.record(len(draft.ids), accepted)
 
 
 def verify_step(model, ids: Sequence[int], cache) -> np.ndarray:

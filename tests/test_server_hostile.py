@@ -478,7 +478,7 @@ def test_a_client_that_stops_mid_body(small):
 
 # --- failures inside the engine -------------------------------------------------------
 
-@pytest.mark.parametrize("where", ["Scheduler._finish", "_Turn.finish"])
+@pytest.mark.parametrize("where", ["Scheduler._finish", "Turn.finish"])
 def test_a_failing_finish_ends_only_that_job(small, monkeypatch, where):
     """`_finish` raising (the end of a turn), or the turn's own `finish` inside it:
     that job gets an error answer, its slot is reset (a consistent, empty
@@ -497,7 +497,7 @@ def test_a_failing_finish_ends_only_that_job(small, monkeypatch, where):
     if where == "Scheduler._finish":
         monkeypatch.setattr(small.scheduler, "_finish", broken)
     else:
-        monkeypatch.setattr(scheduler._SlotTurn, "finish", broken)
+        monkeypatch.setattr(scheduler.Turn, "finish", broken)
     with pytest.raises(openai.InternalServerError) as info:
         client.chat.completions.create(
             model=MODEL, max_tokens=6, temperature=0,
@@ -522,10 +522,10 @@ def test_a_failing_finish_ends_only_that_job(small, monkeypatch, where):
 def test_a_failing_prefill_ends_only_that_job(small, monkeypatch):
     from fucina_course import scheduler
 
-    def broken(self, n):
+    def broken(self, chunk=None):
         raise ValueError("injected fault in prefill")
 
-    monkeypatch.setattr(scheduler._SlotTurn, "prefill_some", broken)
+    monkeypatch.setattr(scheduler.Turn, "prefill", broken)
     r = post(small, "/v1/chat/completions", chat_body("Name a color."))
     assert "injected fault in prefill" in error_of(r, 500)["message"]
     monkeypatch.undo()

@@ -1,0 +1,124 @@
+"""The generation core (generation.py): the stop rules, what reaches the cache, and
+the loop every caller drives, checked against a loop written out here step by step
+with `Model.forward_step` and numpy's argmax on the synthetic Qwen3."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fucina_course.chat import Conversation
+from fucina_course.errors import FucinaError
+from fucina_course.generation import Decoder, Greedy, Sequence, advance, decode
+from fucina_course.model import Model
+from fucina_course.sampler import Sampler, SamplerConfig
+from fucina_course.synth import TINY_QWEN3, cached_synthetic
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return Model.load(cached_synthetic(TINY_QWEN3))
+
+
+def by_hand(model, prompt, n):
+    """Greedy decoding written out: n tokens, each fed back but the last."""
+    cache = model.new_cache(len(prompt) + n)
+    logits = model.forward_step(prompt, 0, cache)
+    out = []
+    for i in range(n):
+        out.append(int(np.argmax(logits)))
+        if i + 1 < n:
+            logits = model.forward_step([out[-1]], cache.len, cache)
+    return out, cache.len
+
+
+def test_generate_equals_the_loop_written_out(tiny):
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    expected, fed = by_hand(tiny, prompt, 12)
+    cache = tiny.new_cache(len(prompt) + 12)
+    assert tiny.generate(prompt, 12, stop_ids=set(), cache=cache) == expected
+    assert cache.len == fed == len(prompt) + 11       # the 12th token was never fed
+
+
+def test_the_token_at_the_limit_is_not_fed_and_is_part_of_the_answer(tiny):
+    conv = Conversation(tiny, sampler=SamplerConfig.greedy(), capacity=256,
+                        max_response_tokens=5)
+    reply = conv.send("Hello")
+    assert reply.stop_reason == "max_tokens" and len(reply.ids) == 5
+    assert conv.tokens[-4:] == reply.ids[:4] and conv.cache.len == len(conv.tokens)
+    prompt = conv.tokens[:-4]
+    assert by_hand(tiny, prompt, 5)[0] == reply.ids
+    # the next turn starts from what the cache holds, and still answers
+    assert conv.send("Go on").stop_reason == "max_tokens"
+    assert conv.cache.len == len(conv.tokens)
+
+
+def test_an_end_id_ends_the_answer_and_is_not_in_it(tiny):
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    free, _ = by_hand(tiny, prompt, 10)
+    stop = free[6]
+    seq = Sequence(tiny, tiny.new_cache(64))
+    d = Decoder(seq, Greedy, stop_ids={stop}, limit=50)
+    decode([d], [seq.extend(prompt)])
+    k = free.index(stop)
+    assert (d.reason, d.final, d.ids) == ("end", stop, free[:k]) and d.answer == free[:k]
+    assert seq.tokens == prompt + free[:k] and seq.cache.len == len(seq.tokens)
+
+
+def test_a_full_cache_ends_the_answer(tiny):
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    seq = Sequence(tiny, tiny.new_cache(len(prompt) + 3))
+    d = Decoder(seq, Greedy)
+    decode([d], [seq.extend(prompt)])
+    free, _ = by_hand(tiny, prompt, 4)
+    assert d.reason == "context_full" and d.ids == free[:3] and d.final == free[3]
+    assert seq.remaining == 0
+
+
+def test_on_token_ends_the_answer_when_it_says_so(tiny):
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    seen = []
+    seq = Sequence(tiny, tiny.new_cache(64))
+    d = Decoder(seq, Greedy, on_token=lambda t: seen.append(t) or len(seen) == 3)
+    decode([d], [seq.extend(prompt)])
+    assert d.reason == "stop_string" and d.ids == seen[:2] and d.final == seen[2]
+
+
+def test_lockstep_decoders_each_equal_their_own_run(tiny):
+    prompts = [tiny.tokenizer.encode(t) for t in ("One", "Two and three", "Four")]
+    config = SamplerConfig(temperature=0.9, top_k=20, top_p=0.95, min_p=0.0)
+
+    def run(batch):
+        seqs = [Sequence(tiny, tiny.new_cache(64)) for _ in batch]
+        ds = [Decoder(s, Sampler(config.with_(seed=i)), limit=6 + i)
+              for s, i in zip(seqs, batch)]
+        decode(ds, [s.extend(prompts[i]) for s, i in zip(seqs, batch)])
+        return [d.answer for d in ds]
+
+    together = run([0, 1, 2])
+    assert together == [run([i])[0] for i in range(3)]
+    assert [len(a) for a in together] == [6, 7, 8]
+
+
+def test_a_failed_step_commits_nothing(tiny, monkeypatch):
+    seq = Sequence(tiny, tiny.new_cache(64))
+    d = Decoder(seq, Greedy)
+    seq.extend(tiny.tokenizer.encode("Hello"))
+    held = seq.tokens
+    monkeypatch.setattr(tiny, "forward_step", lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        advance([(d, 5)])
+    assert seq.tokens == held and d.ids == [] and seq.cache.len == len(held)
+
+
+@pytest.mark.parametrize("limit", [0, -3])
+def test_a_limit_below_one_is_refused(tiny, limit):
+    with pytest.raises(FucinaError, match="at least 1"):
+        Decoder(Sequence(tiny, tiny.new_cache(8)), Greedy, limit=limit)
+
+
+def test_generate_refuses_a_cache_that_holds_something(tiny):
+    cache = tiny.new_cache(32)
+    tiny.forward_step([1, 2, 3], 0, cache)
+    with pytest.raises(FucinaError, match="empty cache"):
+        tiny.generate([4, 5], 4, cache=cache)
