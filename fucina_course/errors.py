@@ -38,7 +38,7 @@ class ShapeMismatch(FucinaError):
 
 class TokenizerError(FucinaError):
     """The file has no (usable) tokenizer, an id is outside the vocabulary, or a text
-    holds one pre-token chunk longer than `tokenizer.MAX_CHUNK_BYTES`."""
+    holds one pre-token chunk longer than `bpe.MAX_CHUNK_BYTES`."""
 
 
 class NonFiniteValues(FucinaError):

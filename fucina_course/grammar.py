@@ -28,23 +28,22 @@ The grammar engine: llguidance, not xgrammar.
     (`LLMatcher.validate_grammar`: "look-around ... is not supported", "Unknown
     format: foo", "Pointer '/nope' does not exist"), which is what a 400 answer needs.
   * Speed.  It computes each mask on the fly over a token trie, with nothing to
-    precompile per grammar: median 0.06 ms per token (below), far under a decode
-    step, so speed does not separate the two here.
+    precompile per grammar: far under a decode step per token (below), so speed does
+    not separate the two here.
 
-Measured (default model qwen2.5-coder-0.5b, 151,936 ids; 2-core AVX-512 Xeon shared
-with other jobs, load ~3; 2026-12-02):
-  * building the `LLTokenizer` from the engine's tokenizer: 0.7-0.8 s (a token trie
-    over 151,936 byte strings plus the mask "slices"), hence `lltokenizer()` caches
-    it per tokenizer object: the first structured request of a model pays it once;
+Measured on the default model (151,936 ids; the figures, the machine and the date:
+docs/BENCHMARKS.md#grammar-masks):
+  * building the `LLTokenizer` from the engine's tokenizer (a token trie over 151,936
+    byte strings plus the mask "slices") takes most of a second, hence `lltokenizer()`
+    caches it per tokenizer object: the first structured request of a model pays it
+    once;
   * compiling a response_format (schema -> grammar, `validate_grammar`, one pristine
-    matcher): 1-2 ms for the tests' four-field schema; `Factory.processor()`
-    deep-copies the pristine matcher: ~10 us;
-  * one mask, over a whole answer: llguidance alone median 0.06 ms, p90 0.8 ms; the
-    whole processor call (feed the sampled token, mask, unpack the bitmask with numpy,
-    write -inf) median 0.5 ms, p90 1.6 ms, worst seen 11 ms (under load).  A decode
-    step of the same model is 20-30 ms on an idle machine (~110 ms in the loaded run
-    above, where grammar and no grammar measured the same): the mask costs ~2% of a
-    token.
+    matcher) takes milliseconds; `Factory.processor()` deep-copies the pristine
+    matcher in microseconds;
+  * one mask, over a whole answer, the whole processor call included (feed the sampled
+    token, mask, unpack the bitmask with numpy, write -inf), is a small fraction of a
+    decode step of the same model: the mask costs a couple of percent of a token (and
+    in a run under load, grammar and no grammar measured the same).
 
 End of the answer.  llguidance reports that the grammar is complete in two ways:
 `is_accepting()` (the text so far is a whole document) and `is_stopped()` (nothing

@@ -23,12 +23,11 @@ q8_0 mode stores each (position, head) row as head_dim/32 blocks of 32 int8 valu
 sharing one float16 scale (34 bytes per 32 values instead of 64): a capacity lever.  It
 reads fewer bytes per step, but its decode kernel (attention.py `_decode_q8`) sums each
 block in strict order where the float16 kernel may reassociate, and at 16K positions it
-measured slower than f16 (chapter 06 and 07, 2026-12-02, avx512vnni; docs/BENCHMARKS.md,
-"q8_0 KV cache", at short context: no faster).  It needs head_dim % 32
-== 0, so a block never straddles two positions and `truncate` stays one line.  This
-module is the only place that writes that layout; readers get it through `read` (float32
-copies, for prefill) or `layer_view` (the arrays themselves, for the decode kernel in
-attention.py).
+measured slower than f16, at short context no faster (measured:
+docs/BENCHMARKS.md#kv-cache-q8-speed).  It needs head_dim % 32 == 0, so a block never
+straddles two positions and `truncate` stays one line.  This module is the only place
+that writes that layout; readers get it through `read` (float32 copies, for prefill) or
+`layer_view` (the arrays themselves, for the decode kernel in attention.py).
 """
 
 from __future__ import annotations

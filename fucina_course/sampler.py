@@ -61,10 +61,11 @@ class SamplerConfig:
     candidates are still the `max_candidates` best (the Zig engine's window),
     renormalized among themselves: top_k = 0 then behaves as llama.cpp's top_k =
     256, not its top_k = 0 (which keeps every token).  The window is for speed:
-    one `argpartition` pass finds it (~0.7 ms per token on Qwen's 151,936 scores,
-    2-core AVX-512 Xeon, 2026-12-02) where sorting the whole vocabulary takes
-    ~35 ms.  What it drops grows with the temperature: on chapter 8's first
-    prediction, 0.4% of the mass at T = 0.7, 7% at T = 1, 45% at T = 1.5.
+    one `argpartition` pass over Qwen's 151,936 scores finds it in a small fraction
+    of the time that sorting the whole vocabulary takes (measured:
+    docs/BENCHMARKS.md#candidate-window).  What it drops grows with the
+    temperature: on chapter 8's first prediction, 0.4% of the mass at T = 0.7, 7%
+    at T = 1, 45% at T = 1.5.
     `max_candidates = 0` takes the whole vocabulary, exactly llama.cpp's top_k = 0;
     any top_k in 1..256 never meets the window.
 

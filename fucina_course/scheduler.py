@@ -424,7 +424,11 @@ class Scheduler:
             self._abort(slot, _internal(e, "prefill"))
 
     def _step(self) -> None:
-        """Sample for every running job; one forward step for those that go on."""
+        """Sample for every running job; one forward step for those that go on.
+
+        One turn of `generation.decode`'s lockstep loop, with the same `choose` and
+        `advance`; the loop itself is the engine thread's, since between two steps
+        it admits jobs and prefills chunks, and a failure ends one job, not all."""
         picks: list[tuple[_Slot, int]] = []
         for slot in self.slots:
             if slot.turn is None or not slot.turn.started:

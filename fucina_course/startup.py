@@ -30,7 +30,8 @@ the LLVM work (1.3 -> 4.0 s of CPU for the Coder's four formats).  Rejected: the
 helper compiling the quantizers too (this process then waits for them, idle, after
 the driver, and compiles RoPE and the decode's softmax before the helper's prefill
 has: ~2 s more CPU, no faster); giving it `_decode_f16` (it became the slower of the
-two, 10.9-11.4 s in all, 2026-12-01).
+two processes, and the first start slower in all; measured:
+docs/BENCHMARKS.md#startup-helper-split).
 
 The helper runs the model's own forward code, not a list of kernel signatures: a
 numba cache entry is only reused for exactly the argument types it was compiled for

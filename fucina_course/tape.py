@@ -4,15 +4,14 @@ calls on the same buffers, without the Python in between.
 Why.  In decode every kernel call lasts tens of microseconds, and the Python around it
 is a share of the step: the blocks check their arguments, look up their buffers and
 bound kernels, reshape and slice, and each of those touches objects that the weights
-streamed by the kernels have just pushed out of the CPU caches.  Measured same-process
-against a hand-written schedule of the same calls (2026-12-02, Sapphire Rapids, avx2
-kernels, SmolLM2-135M): the blocks over their workspace took ~22 us a layer more, 7% of
-a token.  llama.cpp builds its compute graph from the model's code once and then
-executes it; so does this, one level up: the first one-token step of a thread *records*
-the kernel calls that `attention_block` and `ffn_block` make (every argument is a
-buffer of the workspace, a weight, or a bound kernel), and the next steps replay the
-record.  There is one definition of the model (model.py); this is its schedule, made by
-running it.
+streamed by the kernels have just pushed out of the CPU caches.  Measured in one process
+against a hand-written schedule of the same calls, the blocks over their workspace took
+several percent of a token more (docs/BENCHMARKS.md#decode-tape).  llama.cpp builds its
+compute graph from the model's code once and then executes it; so does this, one level
+up: the first one-token step of a thread *records* the kernel calls that
+`attention_block` and `ffn_block` make (every argument is a buffer of the workspace, a
+weight, or a bound kernel), and the next steps replay the record.  There is one
+definition of the model (model.py); this is its schedule, made by running it.
 
 How.  The ops make their kernel calls through `call(fn, *args)`, which appends
 (fn, args) to the tape while one is recording.  A call whose arguments change from step

@@ -15,15 +15,15 @@ The pipeline of `encode`, in order:
    word-like chunks.
 3. **BPE** on each chunk's UTF-8 bytes: start from single bytes and repeatedly fuse the
    adjacent pair with the lowest merge rank (leftmost on ties) until no pair has a rank.
-   `bpe_merge` keeps the candidate pairs in a heap over a linked list of parts, so a
-   chunk of n bytes costs O(n log n).  The rescanning loop it replaced was O(n^2), and
-   long runs of one character class (indentation, a line of dashes, one letter pasted
-   200,000 times) are single chunks: 20,000 x "a" took 2.7 s (llama.cpp: 22 ms), now
-   ~25 ms.  Rejected: keeping the old loop for short chunks behind a size threshold; on
-   ordinary chunks (~6 bytes) the heap costs 2% more, not worth a second implementation
-   (`bpe_merge` has the figures).  A chunk longer than `MAX_CHUNK_BYTES` (256 KiB) is
-   refused with a `TokenizerError`, so no input holds the process for more than ~1 s a
-   chunk.
+   `bpe_merge` (bpe.py) keeps the candidate pairs in a heap over a linked list of parts,
+   so a chunk of n bytes costs O(n log n).  The rescanning loop it replaced was O(n^2),
+   and long runs of one character class (indentation, a line of dashes, one letter
+   pasted 200,000 times) are single chunks: 20,000 x "a" took 2.7 s (llama.cpp: 22 ms),
+   now ~25 ms.  Rejected: keeping the old loop for short chunks behind a size threshold;
+   on ordinary chunks (~6 bytes) the heap costs 2% more, not worth a second
+   implementation (`bpe_merge` has the figures).  A chunk longer than `MAX_CHUNK_BYTES`
+   (256 KiB, bpe.py) is refused with a `TokenizerError`, so no input holds the process
+   for more than ~1 s a chunk.
 4. **Lookup**: every surviving piece is a vocabulary entry; a piece that is not (only
    possible with an inconsistent vocabulary) falls back to its single-byte tokens.
 
@@ -44,13 +44,11 @@ BF BF) makes llama.cpp throw `std::invalid_argument("invalid codepoint")` from i
 
 from __future__ import annotations
 
-import codecs
 import logging
 import os
 import re
 from dataclasses import dataclass, field
 from enum import IntEnum
-from heapq import heapify, heappop, heappush
 from itertools import accumulate
 from typing import Iterable, Sequence
 
@@ -58,7 +56,9 @@ import numpy as np
 
 from . import pretokenizer as pre_mod
 from . import tokenizer_cache
+from .bpe import bpe_merge
 from .errors import TokenizerError
+from .utf8 import StreamDecoder, decode_utf8_like_llama
 
 log = logging.getLogger(__name__)
 
@@ -67,112 +67,11 @@ log = logging.getLogger(__name__)
 MAX_VOCAB = 1 << 21
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
-# The longest pre-token chunk BPE will merge: 256 KiB.  Why a cap, why this value:
-# `bpe_merge` is O(n log n) but pure Python, ~2-4 us and ~150 bytes of transient memory
-# per byte of a long chunk.  The worst chunk under the cap, 262,144 spaces (the most
-# heap traffic per byte: ~4 keys, near the bound of `bpe_merge`), took 0.6 s (1.0 s
-# with another job on the second core) and 37 MiB on a 2-core AVX-512 machine; 1 MiB of
-# spaces took 4.5 s and 146 MiB.  Real text never comes near it: the longest chunk of
-# bench/bench_tokenize.py's 1 MB of code and prose is 78 bytes, and a 200 KB
-# one-letter prompt still tokenizes, exactly, in 0.35 s.  What is refused is one run of
-# a character class longer than 256 KiB (one letter, spaces, dashes, a genome pasted
-# with no line break): llama.cpp would give ids for it, we raise a `TokenizerError`
-# naming this limit rather than hold the process.  Below the cap the ids are exact.
-# Rejected: cutting an over-long chunk into pieces (ids silently differ from
-# llama.cpp's), and no cap at all (a 10 MB run would hold the GIL for ~40 s and take
-# ~1.5 GB, extrapolating the figures above).
-MAX_CHUNK_BYTES = 1 << 18
 # `_encode_chunk` remembers only chunks up to this many bytes, so that no key of its
 # 200,000 entries is long (before, a key was a whole chunk, however long): an entry is
 # at most ~700 bytes (a 64-byte key, 64 ids), typically ~200.  Longer chunks barely
 # repeat: 12 of the 254k chunks of the bench's 1 MB text are longer.
 CACHE_CHUNK_BYTES = 64
-_ONE_BYTE = [bytes([b]) for b in range(256)]
-# Links of a chunk's parts as built for short chunks: slices of one shared list
-# (prv = _LINKS[:n], nxt = _LINKS[2:n + 2]) instead of two fresh `range` lists.
-_LINKS = list(range(-1, 4098))
-
-
-def bpe_merge(chunk: bytes, ranks: dict[tuple[bytes, bytes], int]
-              ) -> tuple[list[bytes], int]:
-    """BPE on one chunk: (its parts, the steps taken).
-
-    The rule: start from single bytes and repeatedly fuse the adjacent pair with the
-    lowest rank in `ranks`, the leftmost among equal ranks, until no adjacent pair has
-    a rank.
-
-    How, in O(n log n) for n bytes: the parts form a doubly linked list, each part
-    named by the offset of its first byte (`nxt`, `prv`, `parts`).  Every adjacent pair
-    that has a rank is a heap key `rank << shift | offset`, so the smallest key is the
-    lowest rank and, among equal ranks, the leftmost pair: the rule's order.  A merge
-    changes only the pairs on either side of the new part; their new keys are pushed
-    and the old ones stay in the heap, skipped when popped (lazy deletion: `cur[i]` is
-    the rank of the pair starting at offset i now, None if none).  The invariant: every
-    current pair with a rank has its key in the heap.  So a popped key whose rank is
-    `cur[i]` is the current pair's own key, the smallest of all current candidates,
-    whichever push it came from; any other popped key is stale.  Each merge pushes at
-    most two keys: at most 3n keys pass through the heap.  (llama.cpp's
-    llm_tokenizer_bpe and HF tokenizers' `Word::merge_all` work the same way.)
-
-    Why: the loop this replaced kept a list of pair ranks and found each merge with
-    `min` + `list.index` (in C) and a splice, O(n) per merge and O(n^2) per chunk.  A
-    long run of one character class is one chunk, so 20,000 x "a" took 2,672 ms
-    (llama.cpp 22 ms) and a 200 KB one-letter prompt held a server for six minutes; the
-    heap takes ~25 ms for the 20,000.  Rejected: keeping the old loop for short chunks
-    behind a size threshold.  On the 33,204 distinct chunks of bench/bench_tokenize.py's
-    1 MB text (5.8 bytes on average) `Tokenizer.bpe` costs 2% more than the loop did
-    (5.01 against 4.90 us a chunk, best of 11 interleaved runs; a cold `encode_raw` of
-    the whole 1 MB, 408 against 401 ms), too little to keep two implementations.
-
-    `steps` is n plus the number of keys popped (stale ones included): the work, in a
-    unit a test can pin (4x the bytes, ~4x the steps) without timing anything.
-    Counting it is one integer add per pop.  A chunk longer than `MAX_CHUNK_BYTES` is a
-    `TokenizerError` before any work.
-    """
-    n = len(chunk)
-    if n < 2:
-        return ([chunk] if n else []), n
-    if n > MAX_CHUNK_BYTES:
-        raise TokenizerError(f"a pre-token chunk of {n:,} bytes (starting "
-                             f"{chunk[:16]!r}) is longer than MAX_CHUNK_BYTES "
-                             f"({MAX_CHUNK_BYTES:,}): one run of a character class "
-                             "that long is refused")
-    parts: list = list(map(_ONE_BYTE.__getitem__, chunk))
-    get = ranks.get
-    cur = list(map(get, zip(parts, parts[1:])))
-    cur.append(None)                      # the last part has no right neighbour
-    shift = n.bit_length()
-    mask = (1 << shift) - 1
-    heap = [(r << shift) | i for i, r in enumerate(cur) if r is not None]
-    heapify(heap)
-    links = _LINKS if n + 2 <= len(_LINKS) else list(range(-1, n + 1))
-    prv, nxt = links[:n], links[2:n + 2]  # offset of the previous / next part (n: end)
-    pop, push = heappop, heappush
-    steps = n
-    while heap:
-        key = pop(heap)
-        steps += 1
-        i = key & mask
-        if cur[i] != key >> shift:        # stale: the pair at i changed since
-            continue
-        j = nxt[i]
-        merged = parts[i] + parts[j]
-        parts[i] = merged
-        parts[j] = cur[j] = None          # part j is gone
-        k = nxt[i] = nxt[j]
-        if k < n:
-            prv[k] = i
-            r = cur[i] = get((merged, parts[k]))
-            if r is not None:
-                push(heap, (r << shift) | i)
-        else:
-            cur[i] = None
-        p = prv[i]
-        if p >= 0:
-            r = cur[p] = get((parts[p], merged))
-            if r is not None:
-                push(heap, (r << shift) | p)
-    return list(filter(None, parts)), steps
 
 
 def _warn_pre_mismatch(name: str) -> None:
@@ -251,38 +150,6 @@ def unmap_many(texts: list[str]) -> list[bytes]:
 def map_bytes(data: bytes) -> str:
     """Raw bytes -> the GPT-2 stand-in string (how the vocabulary would spell them)."""
     return "".join(BYTE_TO_CHAR[b] for b in data)
-
-
-def decode_utf8_like_llama(data: bytes) -> str:
-    """Decode bytes to code points the way llama.cpp's `unicode_cpts_from_utf8` does.
-
-    Valid UTF-8 takes the fast path.  Otherwise: a lead byte decides the length
-    (0xxxxxxx 1, 110xxxxx 2, 1110xxxx 3, 11110xxx 4); if the continuation bytes are
-    there the code point is taken as spelled (overlong forms and surrogates included),
-    else that one byte becomes U+FFFD.
-    """
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    out, i, n = [], 0, len(data)
-    while i < n:
-        b = data[i]
-        if b < 0x80:
-            out.append(b); i += 1; continue
-        length = (2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110
-                  else 4 if b >> 3 == 0b11110 else 0)
-        cont = data[i + 1:i + length] if length else b""
-        if length and len(cont) == length - 1 and all(c >> 6 == 0b10 for c in cont):
-            cp = b & (0x7F >> length)
-            for c in cont:
-                cp = (cp << 6) | (c & 0x3F)
-            # llama.cpp aborts above U+10FFFF (module docstring)
-            out.append(cp if cp <= 0x10FFFF else 0xFFFD)
-            i += length
-        else:
-            out.append(0xFFFD); i += 1
-    return "".join(map(chr, out))
 
 
 @dataclass
@@ -616,30 +483,6 @@ class Tokenizer:
 
     def stream(self, *, skip_special: bool = False) -> "StreamDecoder":
         return StreamDecoder(self, skip_special=skip_special)
-
-
-class StreamDecoder:
-    """Decode one id at a time and emit only complete UTF-8.
-
-    A token can end in the middle of a multi-byte character (an emoji is often 2-3
-    tokens): the incomplete tail is held back until the next token completes it, so a
-    terminal never shows half a character.  `flush()` releases whatever is left at the
-    end of the stream.
-    """
-
-    def __init__(self, tokenizer: Tokenizer, *, skip_special: bool = False):
-        self.tokenizer = tokenizer
-        self.skip_special = skip_special
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, tid: int) -> str:
-        """Add one id; return the text that is now complete (possibly '')."""
-        data = self.tokenizer.decode_bytes([tid], skip_special=self.skip_special)
-        return self._decoder.decode(data)
-
-    def flush(self) -> str:
-        """End of stream: the held-back tail (a cut-off character becomes U+FFFD)."""
-        return self._decoder.decode(b"", final=True)
 
 
 def _gguf_params(gguf) -> tuple:

@@ -1,13 +1,13 @@
 """The tokenizer's built tables, kept on disk between runs.
 
 Building a 151k-token tokenizer (unmapping every token and merge, the rank and id
-dicts) takes 0.7-0.8 s, a third of a warm `fucina generate`; unpickling the built
-object takes 0.13 s (Qwen2.5-Coder vocabulary, 2026-12-01).  The tables depend only on
-the vocabulary and on the code that builds them, so the key is a hash of exactly
-those: every file with the same vocabulary (all Qwen3 sizes, the synthetic models)
-shares one entry, and an edit of tokenizer.py or pretokenizer.py starts afresh.  Small
-vocabularies build faster than they load and are not cached.  An entry that fails to
-unpickle is built again; a cache that cannot be written is skipped.
+dicts) takes about a third of a warm `fucina generate`; unpickling the built object
+takes a small fraction of that (measured: docs/BENCHMARKS.md#tokenizer-tables-on-disk).
+The tables depend only on the vocabulary and on the code that builds them, so the key
+is a hash of exactly those: every file with the same vocabulary (all Qwen3 sizes, the
+synthetic models) shares one entry, and an edit of tokenizer.py or pretokenizer.py
+starts afresh.  Small vocabularies build faster than they load and are not cached.  An
+entry that fails to unpickle is built again; a cache that cannot be written is skipped.
 
 Where the entries live is the caller's choice (`Tokenizer.from_gguf(gguf,
 cache_dir=...)`; catalog.py passes its cache directory): the tokenizer does not know

@@ -1,13 +1,12 @@
 """The buffers of a forward step, made once: where every intermediate of a layer goes.
 
 Why.  A decode step of a small model is short, and the Python between its kernels is
-not: SmolLM2-135M at avx2 spent ~12 ms a token of which the matrix kernels took ~8
-(2026-12-01, docs/BENCHMARKS.md).  Much of the rest was each operation allocating its
-output (np.empty alone ~0.7 us on that VM) and checking and reshaping its arguments,
-~120 us a layer.  So model.py's blocks write into buffers made once per row count, as
-llama2.c's `run.c` computes one forward pass over buffers allocated at start, and
-every op takes `out=`.  The numbers do not change: an op writes the same values into a
-buffer as into a fresh array.
+not: SmolLM2-135M at avx2 spent about a third of a token outside the matrix kernels
+(measured: docs/BENCHMARKS.md#workspace-buffers).  Much of the rest was each operation
+allocating its output and checking and reshaping its arguments.  So model.py's blocks
+write into buffers made once per row count, as llama2.c's `run.c` computes one forward
+pass over buffers allocated at start, and every op takes `out=`.  The numbers do not
+change: an op writes the same values into a buffer as into a fresh array.
 
 A `Workspace` holds buffers for up to `rows` rows; `view(n)` is the first n rows of
 each (cached, so a block pays one dict lookup).  model.py keeps one per thread (two

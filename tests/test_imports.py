@@ -15,9 +15,11 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "fucina_course"
-FINDS_FILES = {"catalog", "cli", "commands", "__main__", "synth", "workbook_checks",
-               "__init__"}
-UPPER = {"catalog", "cli", "commands"}
+COMMANDS = {"commands", "commands_chat", "commands_course", "commands_info",
+            "commands_run", "commands_serve"}    # the subcommands, by concern
+FINDS_FILES = {"catalog", "cli", "__main__", "synth", "workbook_checks",
+               "__init__"} | COMMANDS
+UPPER = {"catalog", "cli"} | COMMANDS
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:

@@ -235,7 +235,7 @@ def test_a_slow_encoding_runs_off_the_event_loop(big, monkeypatch):
 ])
 def test_what_the_tokenizer_refuses_is_a_400(big, path, body):
     """A run of one character class over the tokenizer's chunk limit (256 KiB,
-    tokenizer.MAX_CHUNK_BYTES) passes the byte bound at this context but is
+    bpe.MAX_CHUNK_BYTES) passes the byte bound at this context but is
     refused by the encoder: a 400 naming the prompt, not a 500."""
     r, seconds = timed(post, big, path, body)
     err = error_of(r, 400, "prompt" if path == "/v1/completions" else "messages")

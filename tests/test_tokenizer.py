@@ -12,9 +12,10 @@ import regex
 from conftest import tokenizer_for
 from fucina_course import Tokenizer, TokenizerError, TokenType
 from fucina_course import pretokenizer as pre
-from fucina_course.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, bpe_merge,
-                                     decode_utf8_like_llama, map_bytes,
+from fucina_course.bpe import bpe_merge
+from fucina_course.tokenizer import (BYTE_TO_CHAR, CHAR_TO_BYTE, map_bytes,
                                      unmap_token_text)
+from fucina_course.utf8 import decode_utf8_like_llama
 from tokenizer_cases import RUN_UNITS, long_run, random_strings
 
 
@@ -284,7 +285,7 @@ def test_bpe_merge_equals_the_old_rule_on_scrambled_ranks(seed):
 def test_bpe_merge_on_both_sides_of_the_shared_links():
     """Chunks up to len(_LINKS) - 2 bytes link their parts by slicing one shared list,
     longer ones build their own: both give the old rule's parts."""
-    from fucina_course.tokenizer import _LINKS
+    from fucina_course.bpe import _LINKS
 
     toks = ["a", "b", "ab", "abab", "ba"]
     tok = Tokenizer.from_parts(toks, ["a b", "ab ab", "b a"], [TokenType.NORMAL] * 5)
@@ -328,9 +329,9 @@ def test_bpe_steps_are_bounded_by_four_per_byte(qwen):
 
 
 def test_a_chunk_over_the_cap_is_a_one_line_error(qwen, monkeypatch):
-    from fucina_course import tokenizer
+    from fucina_course import bpe
 
-    cap = tokenizer.MAX_CHUNK_BYTES
+    cap = bpe.MAX_CHUNK_BYTES
     with pytest.raises(TokenizerError) as err:
         qwen.encode_raw("a" * (cap + 1))
     message = str(err.value)
@@ -338,7 +339,7 @@ def test_a_chunk_over_the_cap_is_a_one_line_error(qwen, monkeypatch):
     assert f"chunk of {cap + 1:,} bytes" in message
     assert f"MAX_CHUNK_BYTES ({cap:,})" in message
     # A lower cap, to see both sides of it cheaply: the cap is per chunk, not per text.
-    monkeypatch.setattr(tokenizer, "MAX_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(bpe, "MAX_CHUNK_BYTES", 1000)
     assert bpe_merge(b"a" * 1000, qwen.ranks)[0] == _old_bpe(b"a" * 1000, qwen.ranks)[0]
     with pytest.raises(TokenizerError, match="chunk of 1,001 bytes"):
         qwen.bpe(b" " * 1001)

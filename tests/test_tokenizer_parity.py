@@ -126,7 +126,7 @@ def test_live_the_longest_chunk_under_the_cap(qwen3_vocab_path, llama_cpp):
     """A run of exactly MAX_CHUNK_BYTES spaces (the most BPE work a byte) and of letters
     still get llama.cpp's ids; one byte more is refused."""
     from fucina_course import TokenizerError
-    from fucina_course.tokenizer import MAX_CHUNK_BYTES
+    from fucina_course.bpe import MAX_CHUNK_BYTES
 
     tok = tokenizer_for(qwen3_vocab_path)
     llm = llama_cpp.Llama(str(qwen3_vocab_path), vocab_only=True, verbose=False)

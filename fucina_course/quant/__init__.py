@@ -57,10 +57,10 @@ scale products; only the order of float additions differs (~1e-7 of the sum of
 streams decodes exactly as N single steps; the packed GEMM (prefill, 16 rows and more)
 scales each block's exact integer total as a whole, ggml's order, not matvec's.
 
-Speed, on 2 cores of a Xeon Sapphire Rapids (AVX-512 VNNI, 2026-11-29): decode streams
-12-18 GB/s of weights over a whole Qwen3-0.6B-shaped model (llama.cpp: ~11.5 GB/s on the
-Q8_0 model), short prefill about 200-280 GFLOP/s.  Every variant measured and the
-choices they led to: docs/BENCHMARKS.md#kernel-variants-quant.
+Speed: decode streams the weights of a whole Qwen3-0.6B-shaped model faster than
+llama.cpp did on the Q8_0 model, and short prefill runs at a few hundred GFLOP/s
+(measured: docs/BENCHMARKS.md#quant-speed).  Every variant measured and the choices
+they led to: docs/BENCHMARKS.md#kernel-variants-quant.
 """
 
 from . import _cache  # noqa: F401  (before any cached kernel is defined)

@@ -3,8 +3,8 @@
 The row builders of _int_matvec.py dot one weight row with one activation vector.  The
 builders here dot it with up to TILE (8) activation rows: each weight block is loaded
 and unpacked once, then multiplied with every row of the tile, so a weight row streams
-from memory once per tile instead of once per row.  That took short prefill (pp16, Q4_K)
-from 40 to 165 tok/s (avx512vnni, 2026-11-29, docs/BENCHMARKS.md#multi-row-kernels).
+from memory once per tile instead of once per row.  That made short prefill (pp16, Q4_K)
+about four times as fast (measured: docs/BENCHMARKS.md#multi-row-tiles).
 
 Per activation row the float work is the one-row builder's, operation for operation
 (same lanes, same `d * float(lane)` fma per block, same final tree sum; at avx2 the

@@ -3,8 +3,8 @@
 Why.  The float kernels (matvec.py) widen every quant to float32, ~3.5 vector
 instructions per 8 weights, and top out at 7-12 GB/s for the 4/5/6-bit formats, below
 what memory streams (~25 GB/s on 2 threads).  ggml multiplies the bytes themselves.
-With `vpdpbusd` (4 adjacent u8 x s8 products into each int32 lane), Q4_K decode went
-from 19 to 31 tok/s (AVX-512 VNNI, 2026-11-29, docs/BENCHMARKS.md#vnni-integer-kernels).
+With `vpdpbusd` (4 adjacent u8 x s8 products into each int32 lane), Q4_K decode got
+over 1.5 times as fast (measured: docs/BENCHMARKS.md#integer-dot-products).
 
 One integer operation per level (_ir.py `dot4`): the two VNNI levels add 4 products per
 int32 lane with `vpdpbusd` (avx512vnni on zmm or ymm, avxvnni on ymm); avx2 does it in
@@ -578,7 +578,7 @@ def blk32_lanes16(b, t, u, x16):
     """The generic level's lanes of one or two blocks: q = u - off widened to int16
     (no offsets to add back: |q| <= 128 is exact there), then per block two pmaddwd
     by its int16 activations and an add (`lanes16`), 8 lanes of 4 products each.
-    Why not byte products in plain IR (what this level ran until 2026-12-03: each
+    Why not byte products in plain IR (what this level ran before: each
     product in int16, pairs and quads summed in int32): LLVM widened the activation
     bytes again for every row, multiplied with vpmullw and summed with vphaddw, and
     the lanes needed their offsets added back; the int16 copy of x is made once per

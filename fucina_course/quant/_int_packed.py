@@ -4,8 +4,8 @@
 The tiles of _int_matmul.py keep a block's 8 int32 lanes per activation row, as the
 one-row kernel does, and so pay the float work per block per row on 8 lanes: convert,
 scale, fma.  For Q8_0 that is one conversion and one fma per vpdpbusd, and the
-conversion competes with vpdpbusd for port 0 on Intel cores: the 8-row tile ran ~116
-GFLOP/s per core (Sapphire Rapids class, 2026-12-02, docs/BENCHMARKS.md).
+conversion competes with vpdpbusd for port 0 on Intel cores, which capped the 8-row
+tile's rate (measured: docs/BENCHMARKS.md#packed-gemm-over-tiles).
 
 Here 16 weight rows are transposed once per call, 4 bytes at a time, into 8 vectors
 per 32 elements: vector k, lane j = bytes 4k..4k+3 of weight row j (`transpose`).
@@ -23,17 +23,17 @@ The ymm levels run the same layout with 8 lanes, the 16 rows of a call as two gr
 of 8.  avxvnni has vpdpbusd on ymm.  avx2 has none: each 4-byte sum is vpmaddubsw
 (pairs into saturating int16) then vpmaddwd by 1, and `_Dot` keeps that exact (int16
 sums of a few vpmaddubsw for the 4-, 5- and 6-bit formats, the sign trick for Q8_0).
-Layer matrices at m = 256 against the tiles (Sapphire Rapids class, the levels
-emulated, 2026-12-02): avx2 Q8_0 1.3x, Q4_K 1.6x; avxvnni Q8_0 3.4x, Q4_K 1.7x.
+Layer matrices at m = 256 ran faster than on the tiles at both ymm levels, for Q8_0
+and Q4_K alike (measured: docs/BENCHMARKS.md#packed-gemm-over-tiles).
 The generic level has no tiles and no instruction beyond the host's own
 (`byte_products`).  On x86-64 it runs avx2's byte products with SSSE3's pmaddubsw
 and SSE2's pmaddwd by 128-bit halves (one ymm instruction each where the host has
 AVX2); on other hosts, and for Q8_0, it widens the weights to int16 in the repack
 and reads an int16 copy of the activations, one pmaddwd (plain IR off x86) per 2
 bytes of each lane, `madd_host`.  A chunk of fewer than 16 weight rows repeats its
-last row in the missing lanes.  It replaces BLAS there: Q8_0 / Q4_K layer matrices
-at m = 64, 10.9 / 11.3 ms against 20.9 / 18.5; m = 256, 46.3 / 46.4 against 59.3 /
-51.8 (int16 pairs for both, 2026-12-02; Q4_K's bytes then halved its time).
+last row in the missing lanes.  It replaces BLAS there: Q8_0 and Q4_K layer matrices
+at m = 64 and 256 ran faster than BLAS even as int16 pairs for both, and Q4_K's bytes
+then halved its time (measured: docs/BENCHMARKS.md#packed-gemm-at-generic).
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -68,9 +68,7 @@ _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15
          T.Q5_K: 31, T.Q6_K: 63}
 # activation rows per pass over a repacked chunk.  On ymm, whose 16 registers cannot
 # hold 8 rows' accumulators beside a block's 8 quant vectors, tiles of 4 or 6 rows were
-# no faster: avx2 Q8_0 / Q4_K layer matrices at m = 256, 40.5 / 24.7 ms (4 rows), 40.3
-# / 21.6 (6), 38.9 / 22.7 (8); avxvnni 18.8 / 18.3 (4), 20.9 / 16.3 (8) (Sapphire
-# Rapids class, 2026-12-02, the levels emulated as in bench/bench_vs_llama.py)
+# no faster (measured: docs/BENCHMARKS.md#packed-tile-rows)
 TILE = 8
 # the repack prefetches the next group's weight rows (`_groups`); False builds the
 # kernels without it, the other side of docs/BENCHMARKS.md's A/B
@@ -154,13 +152,11 @@ def byte_products(t, level, triple=None) -> bool:
     Q8_0.  That is every x86 CPU the generic IR kernels run on: they need F16C
     (isa.GENERIC_IR), which came after SSSE3 at Intel and AMD alike.
 
-    Measured at generic (one core, the layer matrices of the 0.6B geometry, both
-    ways alternating in one process, haswell code, Sapphire Rapids class,
-    2026-12-03): bytes 1.3-2.0x faster than int16 pairs for the 4-, 5- and 6-bit
-    formats (Q4_K m = 256: 77.5 against 155.5 ms), 0.72-0.75x for Q8_0, whose sign
-    trick costs as many instructions as the int16 pairs and a psignb on top.  (At
-    avx2, on native ymm instructions, the same sign trick measured 0.96-1.09x of
-    int16 pairs, so avx2 keeps it: one layout for all its formats.)  int16 pairs
+    Measured at generic (docs/BENCHMARKS.md#bytes-or-int16-pairs): bytes faster than
+    int16 pairs for the 4-, 5- and 6-bit formats (up to twice as fast), slower for
+    Q8_0, whose sign trick costs as many instructions as the int16 pairs and a psignb
+    on top.  (At avx2, on native ymm instructions, the same sign trick measured even
+    with int16 pairs, so avx2 keeps it: one layout for all its formats.)  int16 pairs
     elsewhere (ARM: NEON has no pair product of bytes, only the dot product
     extension's)."""
     if level != isa.GENERIC:
@@ -188,7 +184,8 @@ class _Dot:
     repacked as signed int16 (q, not u: no offsets), 2 per lane, the activations read
     from the prep's int16 copy, and each vector is one pmaddwd-shaped multiply and an
     add (`madd_host`): 2 instructions per 2 bytes of each lane, exact for every format.
-    Until 2026-12-03 the generic level's way for every format on x86 too."""
+    Before byte products measured faster (`byte_products`), the generic level's way for
+    every format on x86 too."""
 
     def __init__(self, level, t, triple=None):
         self.level, self.n = level, lanes(level)

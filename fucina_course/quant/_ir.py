@@ -206,9 +206,9 @@ def madd_host(b, a16, b16):
     pmaddwd of SSE2, which every x86-64 CPU has, by halves (LLVM joins them into one
     ymm vpmaddwd where the target has AVX2); elsewhere `madd`'s plain IR (NEON on
     ARM).  Not `madd` on x86: with one operand a broadcast, LLVM folds the splat into
-    its pattern and no longer sees a vpmaddwd (vpmulld, vpshufb and blends instead):
-    55-60 GFLOP/s, against 165-200 with this (the packed GEMM, haswell code, layer
-    matrices of the 0.6B geometry, 2026-12-02)."""
+    its pattern and no longer sees a vpmaddwd (vpmulld, vpshufb and blends instead),
+    and the packed GEMM ran at about a third of its speed with this (measured:
+    docs/BENCHMARKS.md#pair-products-on-x86)."""
     if not _x86_host(b):
         return madd(b, isa.GENERIC, a16, b16)
     a16, b16 = b.bitcast(a16, V(I16, 16)), b.bitcast(b16, V(I16, 16))
@@ -350,8 +350,8 @@ def fma(builder, a, b, c):
     level's target, ARMv8), so the same bits as `llvm.fma` there.  Not `llvm.fma`,
     whose single rounding is a promise: on a CPU without FMA (the generic level on
     Sandy / Ivy Bridge) LLVM keeps it with a call to libm's fmaf per lane -- 216
-    calls in Q4_K's packed GEMM, which ran 5x slower than a mul and an add
-    (ivybridge code, one core, 2026-12-03, docs/BENCHMARKS.md#generic-ir-kernels)."""
+    calls in Q4_K's packed GEMM, which ran several times slower than a mul and an
+    add (measured: docs/BENCHMARKS.md#fmuladd-not-fma)."""
     n = a.type.count
     return call(builder, f"llvm.fmuladd.v{n}f32", a.type, a, b, c)
 

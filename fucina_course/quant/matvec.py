@@ -32,12 +32,11 @@ Two kernel families, chosen per call from the table `KERNELS[(format, level)]`:
 Float kernel shape: `prange` over chunks of ROWS output rows; per row one 32-lane
 float32 accumulator to which every block adds `scale * (float(q_w) * q_x)` lane-wise,
 summed once per row.  An int32 sum per block with a horizontal reduction streamed Q8_0
-at 3.5 GB/s, this form at 9.0 (the first test of both, 300k x 1024 weights, int8
-activations, 2 threads, Sapphire Rapids, 2026-11-29; what was measured on it since:
-docs/BENCHMARKS.md#prefetch, #float-kernels).  The lane loops are unit-stride loops
-over the block's bytes, which LLVM turns into `vpmovzxbd / vcvtdq2ps / vfmadd231ps`.
-Each block issues a software prefetch PREFETCH bytes ahead: sweep 7.5 -> 16 GB/s
-(measured 2026-11-29, docs/BENCHMARKS.md#prefetch).
+at well under half this form's rate (measured: docs/BENCHMARKS.md#float-kernel-shape;
+what was measured on it since: #prefetch, #float-kernels).  The lane loops are
+unit-stride loops over the block's bytes, which LLVM turns into `vpmovzxbd / vcvtdq2ps
+/ vfmadd231ps`.  Each block issues a software prefetch PREFETCH bytes ahead, which
+more than doubled the sweep's rate (measured: docs/BENCHMARKS.md#software-prefetch).
 Indexing is 2-D, `w[r, o + j]`: a flat `w[r * row_bytes + ...]` index that LLVM cannot
 prove non-negative turns every load into a gather (numba wraps negative indices).
 
