@@ -138,9 +138,8 @@ class Reply:
     """One answer, and what it cost.
 
     `text` is what was shown (think block hidden unless shown), `raw_text` all the
-    model wrote up to the stop, `ids` the answer's tokens: in the KV cache, all but
-    a last one that reached max_tokens (the token that ends an answer is never fed
-    back; the end marker is not among them).
+    model wrote up to the stop, `ids` the answer's tokens now in the KV cache (the
+    end marker is not: it was sampled, recognized, and never fed back).
     `stop_reason`: "end" (the end marker), "stop_string", "max_tokens",
     "context_full" (no room left for another token) or "interrupted"."""
 
@@ -188,7 +187,7 @@ class Turn:
                                    conv.show_think)
         self.decoder = Decoder(conv.seq, conv.sampler, stop_ids=conv.format.stop_ids,
                                limit=conv.max_response_tokens,
-                               on_token=self.streamer.push)
+                               on_token=self.streamer.push, keep_final=True)
         self.done = 0                    # ids of `new` prefilled so far
         self.prefill_seconds = self.decode_seconds = 0.0
         self._t0 = self._t_prefill = 0.0
@@ -261,16 +260,17 @@ class Turn:
         """The answer is over (`reason` overrides the decoder's: "interrupted"):
         the history gains it, and the reply says what it cost."""
         conv, tok, dec = self.conv, self.conv.format.tokenizer, self.decoder
+        if reason is None:
+            dec.feed_final()         # a token cut by the limit: the cache keeps it
         reason = reason or dec.reason
         self.decode_seconds = time.perf_counter() - self._t0
         self.streamer.finish()
         raw = self.streamer.raw if self.streamer.stop_at is None \
             else self.streamer.raw[:self.streamer.stop_at]
-        answer = dec.answer if reason == dec.reason else list(dec.ids)
-        content = tok.decode(answer) if reason != "stop_string" else raw
+        content = tok.decode(dec.ids) if reason != "stop_string" else raw
         conv.end_turn(self.messages + [{"role": "assistant", "content": content}],
                       self.text + tok.decode(dec.ids))
-        return Reply(text=self.streamer.visible(), raw_text=raw, ids=answer,
+        return Reply(text=self.streamer.visible(), raw_text=raw, ids=list(dec.ids),
                      stop_reason=reason, prefilled=len(self.new), reused=self.keep,
                      prefill_seconds=self.prefill_seconds,
                      decode_seconds=self.decode_seconds, drafted=dec.drafted,

@@ -21,10 +21,12 @@ Ctrl-C anywhere leaves a sequence that can go on.
 When an answer ends.  `choose` samples a token, then decides: an end-of-turn id
 ("end"), no free position to feed it ("context_full"), a stop string completed
 ("stop_string", the caller's `on_token` says), or the answer's `limit` reached
-("max_tokens").  The token that ends an answer is never fed to the model: its
-logits would be thrown away (llama.cpp's server stops a slot the same way).  It is
-kept in `final`; a "max_tokens" one is part of the answer (`answer`), the others
-are what stopped it.
+("max_tokens").  The loop never feeds the token that ends an answer: its logits
+would be thrown away (llama.cpp's server stops a slot the same way).  It is kept
+in `final`; a "max_tokens" one is part of the answer (`answer`), the others are
+what stopped it.  A chat turn feeds a last token cut by the limit when it closes
+(`feed_final`), so that its next turn starts after the ids the model wrote, not
+after a re-encoding of their text.
 """
 
 from __future__ import annotations
@@ -143,16 +145,20 @@ class Decoder:
     """One answer in progress over a `Sequence`: the sampler's choices, the stop
     rules (module docstring), and the ids committed so far (`ids`, all in the
     cache).  `on_token(tid)` sees every token that is part of the answer as it is
-    chosen and returns True when the text now ends with a stop string."""
+    chosen and returns True when the text now ends with a stop string.
+    `keep_final`: the caller keeps the whole answer in the cache (a chat turn:
+    `feed_final`), so speculation also verifies the token that reaches the limit,
+    and keeps it when the guess was right."""
 
     def __init__(self, seq: Sequence, sampler, *, stop_ids: Iterable[int] = (),
                  limit: int | None = None,
-                 on_token: Callable[[int], bool | None] | None = None):
+                 on_token: Callable[[int], bool | None] | None = None,
+                 keep_final: bool = False):
         if limit is not None and limit < 1:
             raise FucinaError(f"an answer's token limit must be at least 1, got {limit}")
         self.seq, self.sampler = seq, sampler
         self.stop_ids, self.limit = frozenset(stop_ids), limit
-        self.on_token = on_token
+        self.on_token, self.keep_final = on_token, keep_final
         self.ids: list[int] = []
         self.final: int | None = None    # the token that ended the answer, not fed
         self.reason: str | None = None
@@ -161,7 +167,16 @@ class Decoder:
     @property
     def answer(self) -> list[int]:
         """The answer's ids: those committed, and a last one the limit cut."""
-        return self.ids + [self.final] if self.reason == "max_tokens" else list(self.ids)
+        if self.reason == "max_tokens" and self.final is not None:
+            return self.ids + [self.final]
+        return list(self.ids)
+
+    def feed_final(self) -> None:
+        """Feed a last token cut by the limit after all (one decode step), so the
+        cache holds the whole answer."""
+        if self.reason == "max_tokens" and self.final is not None:
+            advance([(self, self.final)])
+            self.final = None
 
     def choose(self, logits, guess: int | None = None, q=None) -> int | None:
         """The next token to feed, or None when the answer is over (`reason` says
@@ -195,23 +210,29 @@ class Decoder:
         (not yet fed), or None when the answer is over.
 
         Every accepted guess goes through `choose`, so the end id, stop string,
-        context and limit rules hold as they do without speculation; the guesses
-        never run past the cache, nor past the token that reaches the limit (row j
-        of the step chooses that token, so guess j would never be fed)."""
+        context and limit rules hold as they do without speculation.  The guesses
+        never run past the cache, nor past the token that reaches the limit (with
+        `keep_final`: up to it, since it will be fed)."""
         room = self.seq.remaining - 1
         if self.limit is not None:
-            room = min(room, self.limit - len(self.ids) - 2)
+            room = min(room, self.limit - len(self.ids) - (1 if self.keep_final else 2))
         draft = speculator.propose(self.seq._ids + [tid], room)
         rows = self.seq.verify([tid] + draft.ids)
         self.commit(tid)
         accepted, nxt = 0, None
         for i, guess in enumerate(draft.ids):
             nxt = self.choose(rows[i], guess, draft.q[i] if draft.q else None)
-            if nxt != guess:
+            # the answer's last token, guessed right: already in the cache, keep it
+            last = (nxt is None and self.keep_final and self.reason == "max_tokens"
+                    and self.final == guess)
+            if nxt != guess and not last:
                 break
             self.seq.accept(guess)
             self.commit(guess)
             accepted += 1
+            if last:
+                self.final = None
+                break
         else:
             nxt = self.choose(rows[len(draft.ids)])
         speculator.stats.record(len(draft.ids), accepted)

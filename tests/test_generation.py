@@ -40,15 +40,22 @@ def test_generate_equals_the_loop_written_out(tiny):
     assert cache.len == fed == len(prompt) + 11       # the 12th token was never fed
 
 
-def test_the_token_at_the_limit_is_not_fed_and_is_part_of_the_answer(tiny):
+def test_the_loop_does_not_feed_the_token_at_the_limit_and_a_chat_turn_does(tiny):
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    seq = Sequence(tiny, tiny.new_cache(64))
+    d = Decoder(seq, Greedy, limit=5)
+    decode([d], [seq.extend(prompt)])
+    expected, _ = by_hand(tiny, prompt, 5)
+    assert (d.reason, d.answer, d.ids) == ("max_tokens", expected, expected[:4])
+    assert seq.tokens == prompt + expected[:4]
+    d.feed_final()
+    assert d.ids == d.answer == expected and seq.tokens == prompt + expected
     conv = Conversation(tiny, sampler=SamplerConfig.greedy(), capacity=256,
                         max_response_tokens=5)
     reply = conv.send("Hello")
     assert reply.stop_reason == "max_tokens" and len(reply.ids) == 5
-    assert conv.tokens[-4:] == reply.ids[:4] and conv.cache.len == len(conv.tokens)
-    prompt = conv.tokens[:-4]
-    assert by_hand(tiny, prompt, 5)[0] == reply.ids
-    # the next turn starts from what the cache holds, and still answers
+    assert conv.tokens[-5:] == reply.ids and conv.cache.len == len(conv.tokens)
+    assert by_hand(tiny, conv.tokens[:-5], 5)[0] == reply.ids
     assert conv.send("Go on").stop_reason == "max_tokens"
     assert conv.cache.len == len(conv.tokens)
 
