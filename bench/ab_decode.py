@@ -2,6 +2,7 @@
 the two versions alternating every few tokens.
 
     python bench/ab_decode.py REV_A REV_B MODEL [--level avx2] [--rounds 60] [--tokens 8]
+                              [--via step|generate]
 
 Why one process: on these VMs the speed drifts by tens of percent from minute to
 minute and from process to process (memory placement, neighbours), and a separate
@@ -34,6 +35,7 @@ import fucina_course                  # first: the OpenBLAS settings (fucina_cou
 import fucina_a, fucina_b
 from bench_vs_llama import resolve
 name, level, rounds, tokens, context = sys.argv[3], sys.argv[4], *map(int, sys.argv[5:8])
+via = sys.argv[8]
 path = resolve(name)
 models, caches = {}, {}
 for key, pkg in (("a", fucina_a), ("b", fucina_b)):
@@ -47,6 +49,11 @@ for key, pkg in (("a", fucina_a), ("b", fucina_b)):
 
 def run(key):
     model, cache = models[key], caches[key]
+    if via == "generate":            # the whole loop: one-token prompt, `tokens` steps
+        cache.truncate(0)
+        t = time.perf_counter()
+        model.generate([7], tokens, stop_ids=set(), cache=cache)
+        return (time.perf_counter() - t) / tokens
     cache.truncate(context)
     t = time.perf_counter()
     for _ in range(tokens):
@@ -62,7 +69,7 @@ for r in range(rounds):
     ratios.append(seconds["a"][-1] / seconds["b"][-1])
 q = statistics.quantiles(ratios, n=4)
 a, b = (statistics.median(seconds[k]) for k in "ab")
-print(f"{name} level={level or 'best'}: A {1 / a:.1f} tok/s, B {1 / b:.1f} tok/s; "
+print(f"{name} level={level or 'best'} via={via}: A {1 / a:.1f} tok/s, B {1 / b:.1f} tok/s; "
       f"B/A speed {statistics.median(ratios):.3f} (quartiles {q[0]:.3f}-{q[2]:.3f})")
 """
 
@@ -94,11 +101,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--tokens", type=int, default=8)
     ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--via", choices=("step", "generate"), default="step",
+                    help="time forward_step alone, or Model.generate's whole loop "
+                         "(sampling and stop checks included) from an empty cache")
     args = ap.parse_args()
     a, b = copy_of(args.rev_a, "fucina_a"), copy_of(args.rev_b, "fucina_b")
     sys.exit(subprocess.run(
         [sys.executable, "-c", WORKER, str(a), str(b), args.model, args.level,
-         str(args.rounds), str(args.tokens), str(args.context)],
+         str(args.rounds), str(args.tokens), str(args.context), args.via],
         cwd=ROOT / "bench").returncode)
 
 
