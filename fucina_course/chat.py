@@ -29,18 +29,16 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from .chat_template import CHATML, ChatTemplate
+from .chat_template import (CHATML, END_MARKERS, ChatTemplate, end_of_turn_ids,
+                            single_special)
 from . import generation
 from .generation import Decoder, decode
 from .kv_cache import common_prefix, prompt_fits
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
 from .text_stream import THINK_CLOSE, THINK_OPEN, Stream, TextStream
+from .tool_calls import ToolUse, parse_tool_calls
 
-# Markers that end a turn in the formats we know, as llama.cpp's end-of-generation
-# set spells them; each one the vocabulary holds as a single special token stops.
-END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>",
-               "<|endoftext|>", "<|eom_id|>")
 EMPTY_THINK = "<think>\n\n</think>\n\n"
 
 
@@ -62,18 +60,16 @@ class ChatFormat:
             else:
                 label = "ChatML (built in: the file has no chat template)"
             self.template = _cached_template(source or CHATML, label)
-        self.end_marker, stops = None, set(tokenizer.eot_ids)
+        self.end_marker = None
         for marker in END_MARKERS:
-            tid = _single_special(tokenizer, marker)
-            if tid is not None:
-                stops.add(tid)
-                if self.end_marker is None and marker in self.template.source:
-                    self.end_marker = marker
+            if (self.end_marker is None and marker in self.template.source
+                    and single_special(tokenizer, marker) is not None):
+                self.end_marker = marker
         if self.end_marker is None and tokenizer.eos_id is not None:
             self.end_marker = tokenizer.decode([tokenizer.eos_id])
-        self.stop_ids = frozenset(stops)
-        think = (_single_special(tokenizer, THINK_OPEN),
-                 _single_special(tokenizer, THINK_CLOSE))
+        self.stop_ids = end_of_turn_ids(tokenizer)
+        think = (single_special(tokenizer, THINK_OPEN),
+                 single_special(tokenizer, THINK_CLOSE))
         self.think_ids = think if None not in think else None
 
     @property
@@ -82,13 +78,15 @@ class ChatFormat:
         return self.think_ids is not None
 
     def render(self, messages: Sequence[dict], *, add_generation_prompt: bool = True,
-               no_think: bool = False) -> str:
+               no_think: bool = False, tools: Sequence[dict] | None = None) -> str:
         """Render with the special tokens the template may ask for.
 
         no_think: a template that reads `enable_thinking` gets it (False); otherwise
         a model that can think gets the empty think block pre-filled after the
         generation prompt, so it believes it has already thought.  A model without
-        think tokens never thinks, and no_think changes nothing."""
+        think tokens never thinks, and no_think changes nothing.  `tools`: the
+        functions the model may call (tool_calls.py), which the template renders;
+        a template that never reads `tools` cannot offer them (an error)."""
         tok = self.tokenizer
         variables = {
             "bos_token": tok.decode([tok.bos_id]) if tok.bos_id is not None else "",
@@ -96,6 +94,11 @@ class ChatFormat:
         }
         if no_think and self.template.reads_enable_thinking:
             variables["enable_thinking"] = False
+        if tools:
+            if "tools" not in self.template.source:
+                raise FucinaError(f"chat template {self.template.name} does not render "
+                                  "tools: this model was not taught to call them")
+            variables["tools"] = list(tools)
         text = self.template.render(
             messages, add_generation_prompt=add_generation_prompt, **variables)
         if (no_think and add_generation_prompt and self.can_think
@@ -107,15 +110,6 @@ class ChatFormat:
 @functools.lru_cache(maxsize=16)
 def _cached_template(source: str, name: str) -> ChatTemplate:
     return ChatTemplate(source, name=name)
-
-
-def _single_special(tokenizer, text: str) -> int | None:
-    """The id of `text` if the vocabulary holds it as one special token."""
-    raw = text.encode("utf-8")
-    for marker, tid, _ in tokenizer.special_markers:
-        if marker == raw:
-            return tid
-    return None
 
 
 def render(tokenizer, messages: list[dict], *,
@@ -153,6 +147,12 @@ class Reply:
     decode_seconds: float
     drafted: int = 0            # speculation: guesses checked
     accepted: int = 0           # and those the model agreed with
+    logprobs: list | None = None    # generation.TokenLogprob per token, when asked
+
+    @property
+    def tool_calls(self) -> list:
+        """The calls the answer made (tool_calls.ToolCall: name, arguments JSON)."""
+        return parse_tool_calls(self.raw_text)[1]
 
     @property
     def decode_tokens_per_second(self) -> float:
@@ -177,17 +177,22 @@ class Turn:
     `conv.tokens` are exactly the ids in `conv.cache` at every step;
     `conv.messages` changes once, when the answer is over (`finish`), so it always
     ends with a complete turn.  Made by `for_messages` (chat: render, keep what the
-    cache holds) or `for_ids` (the server: a prompt already rendered and encoded)."""
+    cache holds) or `for_ids` (the server: a prompt already rendered and encoded).
+    `logprobs` (k): record each token's log-probability and k alternatives
+    (`Decoder`), given back in `Reply.logprobs`."""
 
     def __init__(self, conv: "Conversation", messages: list[dict], text: str,
-                 keep: int, new: list[int], stream: Stream):
+                 keep: int, new: list[int], stream: Stream,
+                 logprobs: int | None = None, follow_up: bool = False):
         self.conv, self.messages = conv, messages
         self.text, self.keep, self.new = text, keep, new
         self.streamer = TextStream(conv.format.tokenizer, stream, conv.stop,
                                    conv.show_think)
+        conv.tool_processor(follow_up)   # a fresh grammar state for each answer
         self.decoder = Decoder(conv.seq, conv.sampler, stop_ids=conv.format.stop_ids,
                                limit=conv.max_response_tokens,
-                               on_token=self.streamer.push, keep_final=True)
+                               on_token=self.streamer.push, keep_final=True,
+                               logprobs=logprobs)
         self.done = 0                    # ids of `new` prefilled so far
         self.prefill_seconds = self.decode_seconds = 0.0
         self._t0 = self._t_prefill = 0.0
@@ -195,11 +200,12 @@ class Turn:
 
     @classmethod
     def for_messages(cls, conv: "Conversation", messages: list[dict], stream: Stream,
-                     whole: bool) -> "Turn":
+                     whole: bool, follow_up: bool = False) -> "Turn":
         """Render `messages`; keep the cached ids their text (or, when the
         template rewrote history or `whole`, their ids) starts with."""
         fmt, tok = conv.format, conv.format.tokenizer
-        text = fmt.render(messages, no_think=conv.no_think)
+        entries = conv.tools.entries if conv.tools else None
+        text = fmt.render(messages, no_think=conv.no_think, tools=entries)
         held, cached = conv.tokens, conv.cached_text
         if not whole and cached is not None and text.startswith(cached):
             keep, new = len(held), tok.encode_raw(text[len(cached):])
@@ -218,11 +224,11 @@ class Turn:
                 f"this turn needs {len(new)} new tokens (+1 to answer) but "
                 f"{capacity - keep} of the conversation's {capacity} positions are "
                 f"left; start over (reset) or use a larger context")
-        return cls(conv, messages, text, keep, new, stream)
+        return cls(conv, messages, text, keep, new, stream, follow_up=follow_up)
 
     @classmethod
     def for_ids(cls, conv: "Conversation", ids: Sequence[int], text: str,
-                stream: Stream) -> "Turn":
+                stream: Stream, logprobs: int | None = None) -> "Turn":
         """A prompt given as ids (and the text they spell): keep the longest
         common prefix of the cached ids and the prompt, prefill the rest."""
         ids = list(ids)
@@ -233,7 +239,7 @@ class Turn:
         if not prompt_fits(len(ids), capacity):
             raise ContextFull(f"the prompt has {len(ids)} tokens (+1 to answer) but "
                               f"a slot holds {capacity} positions")
-        return cls(conv, [], text, keep, ids[keep:], stream)
+        return cls(conv, [], text, keep, ids[keep:], stream, logprobs)
 
     def prefill(self, chunk: int | None = None):
         """Prefill up to `chunk` more ids of the prompt (default: all); the last
@@ -274,7 +280,8 @@ class Turn:
                      stop_reason=reason, prefilled=len(self.new), reused=self.keep,
                      prefill_seconds=self.prefill_seconds,
                      decode_seconds=self.decode_seconds, drafted=dec.drafted,
-                     accepted=dec.accepted)
+                     accepted=dec.accepted,
+                     logprobs=None if dec.logprobs is None else list(dec.logprobs))
 
 
 class Conversation:
@@ -305,7 +312,8 @@ class Conversation:
                  capacity: int | None = None, cache_type: str = "f16",
                  max_response_tokens: int | None = None, no_think: bool = False,
                  show_think: bool = False, stop: Sequence[str] = (),
-                 template: str | ChatTemplate | None = None, speculator=None):
+                 template: str | ChatTemplate | None = None, speculator=None,
+                 tools: Sequence[dict] | None = None, tool_choice="auto"):
         self.model = model
         self.speculator = speculator
         self.format = ChatFormat(model.tokenizer, template=template,
@@ -326,6 +334,7 @@ class Conversation:
         self.seq = generation.Sequence(model, self.cache)   # the ids in the cache, and their text
         self.max_response_tokens = max_response_tokens
         self.stop = tuple(stop)
+        self.tools = ToolUse(tools, tool_choice, model.tokenizer) if tools else None
         self.system = system
         self.messages: list[dict] = []
         self.reset(system)
@@ -395,6 +404,27 @@ class Conversation:
         turn = Turn.for_messages(self, self.messages + [{"role": "user",
                                                           "content": user}],
                                  stream, whole=False)
+        return self._run([turn])[0]
+
+    def tool_processor(self, follow_up: bool = False) -> None:
+        """Give the sampler a fresh tool grammar for the next answer (`tools`;
+        `follow_up`: the answer to tool results), or take the last one away when
+        `tools` was cleared."""
+        if self.tools is not None:
+            self.sampler.logit_processor = self._tool_grammar = \
+                self.tools.processor(follow_up)
+        elif self.sampler.logit_processor is getattr(self, "_tool_grammar", None):
+            self.sampler.logit_processor = self._tool_grammar = None
+
+    def send_tool_results(self, results: Sequence[str], *,
+                          stream: Stream = None) -> Reply:
+        """The results of the calls the last answer made (`Reply.tool_calls`), in
+        order, as `tool` messages; the model's answer to them."""
+        if not results or not all(isinstance(r, str) for r in results):
+            raise FucinaError("give one result (text) per tool call")
+        tool = [{"role": "tool", "content": r} for r in results]
+        turn = Turn.for_messages(self, self.messages + tool, stream, whole=False,
+                                 follow_up=True)
         return self._run([turn])[0]
 
     def send_rendered(self, messages: Sequence[dict], *,

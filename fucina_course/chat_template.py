@@ -395,3 +395,31 @@ class ChatTemplate:
             raise FucinaError(f"chat template {self.name}: {type(e).__name__}"
                               + (f": {detail}" if detail else "")) from None
 
+
+# --- which tokens end a turn --------------------------------------------------------
+
+# Markers that end a turn in the formats we know, as llama.cpp's end-of-generation
+# set spells them; each one the vocabulary holds as a single special token stops.
+END_MARKERS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>",
+               "<|endoftext|>", "<|eom_id|>")
+
+
+def single_special(tokenizer, text: str) -> int | None:
+    """The id of `text` if the vocabulary holds it as one special token."""
+    raw = text.encode("utf-8")
+    for marker, tid, _ in tokenizer.special_markers:
+        if marker == raw:
+            return tid
+    return None
+
+
+def end_of_turn_ids(tokenizer) -> frozenset[int]:
+    """The ids a chat answer stops on: the tokenizer's end-of-turn ids and every
+    `END_MARKERS` entry the vocabulary holds as one token (chat.ChatFormat, and the
+    grammars, which let an answer end only there)."""
+    stops = set(tokenizer.eot_ids)
+    for marker in END_MARKERS:
+        tid = single_special(tokenizer, marker)
+        if tid is not None:
+            stops.add(tid)
+    return frozenset(stops)

@@ -88,6 +88,12 @@ _GROUPS = {
              "conversation (default: the model's, at most 4096)"),
         _arg("--stop", action="append", metavar="TEXT",
              help="also stop at TEXT (repeatable)"),
+        _arg("--tools", metavar="FILE.json", help="functions the model may call: "
+             "OpenAI's `tools` list (a JSON file); its calls are printed, and the "
+             "REPL asks for each result"),
+        _arg("--tool-choice", metavar="HOW", default="auto",
+             help="with --tools: 'auto' (default), 'required', 'none' or a "
+             "function's name"),
     ]),
     "speculation": ("speculative decoding (the same tokens, fewer forward steps)", [
         _arg("--speculate", metavar="HOW", default=None,

@@ -34,6 +34,45 @@ def _check_chat_args(args) -> None:
     if args.ctx is not None and args.ctx < 2:
         raise FucinaError(f"--ctx must be at least 2, got {args.ctx}")
     check_speculation_flags(args)
+    args.tool_list = _tools(args)
+
+
+def _tools(args) -> list | None:
+    """--tools FILE.json: OpenAI's `tools` list, read and checked (a bad file is one
+    line, before the model loads)."""
+    if args.tools is None:
+        if args.tool_choice != "auto":
+            raise FucinaError("--tool-choice needs --tools")
+        return None
+    import json
+
+    from .tool_calls import choice_of, tools_of
+
+    try:
+        text = open(args.tools, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise FucinaError(f"--tools {args.tools}: cannot read it: {e}") from None
+    try:
+        tools = json.loads(text)
+    except ValueError as e:
+        raise FucinaError(f"--tools {args.tools}: not JSON: {e}") from None
+    if isinstance(tools, dict) and "tools" in tools:   # a request body's field
+        tools = tools["tools"]
+    checked = tools_of(tools, f"--tools {args.tools}")
+    choice = args.tool_choice
+    if choice not in ("auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    choice_of(choice, checked, "--tool-choice")
+    args.tool_choice = choice
+    return tools
+
+
+def _show_calls(reply) -> list:
+    """Print the answer's tool calls (stderr), and return them."""
+    calls = reply.tool_calls
+    for call in calls:
+        print(f"[tool call] {call.name}({call.arguments})", file=sys.stderr, flush=True)
+    return calls
 
 
 def _conversation(args):
@@ -55,7 +94,8 @@ def _conversation(args):
                         cache_type=args.cache_type, max_response_tokens=args.max_tokens,
                         no_think=args.no_think, show_think=args.show_think,
                         stop=args.stop or (),
-                        speculator=speculator_for(args, model, ctx))
+                        speculator=speculator_for(args, model, ctx),
+                        tools=args.tool_list, tool_choice=args.tool_choice)
 
 
 def cmd_chat(args) -> int:
@@ -76,6 +116,7 @@ def cmd_chat(args) -> int:
         print(flush=True)
         raise
     print(flush=True)
+    _show_calls(reply)
     if args.stats:
         print(reply.stats() + f" [seed {conv.sampler.seed}]", file=sys.stderr)
     return 0
@@ -85,7 +126,8 @@ REPL_HELP = """\
 Type a message and press Enter.  Commands:
   /reset          forget the conversation (keeps the system prompt)
   /system [TEXT]  set (or clear) the system prompt, and start over
-  /exit           leave (so does Ctrl-D); Ctrl-C stops an answer"""
+  /exit           leave (so does Ctrl-D); Ctrl-C stops an answer
+With --tools, the model's calls are printed and you type each result."""
 
 
 def cmd_repl(args) -> int:
@@ -127,13 +169,31 @@ def cmd_repl(args) -> int:
             else:
                 print(f"unknown command {command!r}; /help lists them")
             continue
+        _answer(conv, lambda: conv.send(line, stream=sys.stdout))
+
+
+def _answer(conv, send) -> None:
+    """One answer in the REPL; while it calls tools, the user types each result
+    and the model goes on from them."""
+    while True:
         try:
-            reply = conv.send(line, stream=sys.stdout)
+            reply = send()
         except KeyboardInterrupt:
             print("\n(interrupted)", flush=True)
-            continue
+            return
         except FucinaError as e:  # the conversation is still usable
             print(f"fucina: error: {e}", file=sys.stderr, flush=True)
-            continue
+            return
         print(flush=True)
         print(reply.stats(), file=sys.stderr, flush=True)
+        calls = _show_calls(reply)
+        if not calls:
+            return
+        try:
+            results = [input(f"result of {c.name}> ") for c in calls]
+        except (EOFError, KeyboardInterrupt):
+            print("\n(no result: the calls stay unanswered)")
+            return
+
+        def send(results=results):
+            return conv.send_tool_results(results, stream=sys.stdout)

@@ -27,17 +27,65 @@ in `final`; a "max_tokens" one is part of the answer (`answer`), the others are
 what stopped it.  A chat turn feeds a last token cut by the limit when it closes
 (`feed_final`), so that its next turn starts after the ids the model wrote, not
 after a re-encoding of their text.
+
+Log-probabilities (`Decoder(logprobs=k)`, the server's `logprobs`).  For each token
+it chooses, the decoder records `TokenLogprob`: the token's log-probability under
+the distribution the model produced -- the log-softmax, in float64, of the raw
+logits `choose` was given, before the logit bias, the penalties, a grammar's mask,
+the temperature and the filters (as OpenAI and llama.cpp's server report it) --
+and the k most likely ids by that same distribution.  Nothing is computed unless
+asked.  The record holds the tokens of the answer (`answer`) and the token that
+completed a stop string (its text before the stop may be shown); an end id or a
+token that found the cache full is not recorded.  Speculation records too: every
+token goes through `choose`, with the logits of its own row of the verify step,
+which equal a plain decode step's (`Sequence.verify`).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence as Ids
+from typing import Callable, Iterable, NamedTuple, Sequence as Ids
 
 import numpy as np
 
 from .errors import FucinaError
 from .sampler import SamplerConfig
 from .speculative import judge, verify_step
+
+
+class TokenLogprob(NamedTuple):
+    """A chosen token `id`, its `logprob` under the model's distribution, and
+    `top`: the most likely ids with theirs, [(id, logprob)], best first (ties: the
+    lower id first, as the argmax)."""
+
+    id: int
+    logprob: float
+    top: list
+
+
+def token_logprobs(logits, tid: int, k: int) -> TokenLogprob:
+    """`tid`'s log-softmax over the whole vocabulary (float64: a log-probability
+    near 0 keeps its digits), and the `k` best."""
+    x = np.asarray(logits, dtype=np.float64)                         # [vocab]
+    top = x.max()
+    lse = top + np.log(np.exp(x - top).sum())
+    best = []
+    if k > 0:
+        k = min(k, x.shape[0])
+        ids = np.argpartition(-x, k - 1)[:k]                         # [k], unordered
+        ids = ids[np.lexsort((ids, -x[ids]))]                        # best first
+        best = [(int(i), float(x[i] - lse)) for i in ids]
+    return TokenLogprob(int(tid), float(x[tid] - lse), best)
+
+
+class Piece(str):
+    """A piece of an answer's text as it streams, carrying `logprobs`: the
+    `TokenLogprob`s recorded since the previous piece (None: none are recorded).
+    A str, so a writer that only wants the text takes it as it is."""
+
+    def __new__(cls, text: str, logprobs: list | None = None):
+        piece = super().__new__(cls, text)
+        piece.logprobs = logprobs
+        return piece
 
 
 class Sequence:
@@ -76,6 +124,17 @@ class Sequence:
             self.cache.truncate(n_tokens)
             del self._ids[n_tokens:]
             self.text = None
+
+    def copy_from(self, other: "Sequence", n_tokens: int) -> None:
+        """Hold the first `n_tokens` ids of `other` (a sequence of the same model),
+        their K and V copied rather than computed (`KvCache.copy_from`): the
+        choices of one prompt prefill it once.  All or nothing: until the copy is
+        complete this sequence holds no ids."""
+        ids = other._ids[:n_tokens]
+        self.reset()
+        self.text = None
+        self.cache.copy_from(other.cache, len(ids))
+        self._ids = ids
 
     def extend(self, ids: Ids[int], text: str | None = None):
         """Run `ids` through the model after the ids in the cache (a prefill, or a
@@ -148,14 +207,18 @@ class Decoder:
     chosen and returns True when the text now ends with a stop string.
     `keep_final`: the caller keeps the whole answer in the cache (a chat turn:
     `feed_final`), so speculation also verifies the token that reaches the limit,
-    and keeps it when the guess was right."""
+    and keeps it when the guess was right.  `logprobs` (k >= 0): record each
+    chosen token's `TokenLogprob` with the k best alternatives in `logprobs`
+    (module docstring); None (default): record nothing, compute nothing."""
 
     def __init__(self, seq: Sequence, sampler, *, stop_ids: Iterable[int] = (),
                  limit: int | None = None,
                  on_token: Callable[[int], bool | None] | None = None,
-                 keep_final: bool = False):
+                 keep_final: bool = False, logprobs: int | None = None):
         if limit is not None and limit < 1:
             raise FucinaError(f"an answer's token limit must be at least 1, got {limit}")
+        if logprobs is not None and logprobs < 0:
+            raise FucinaError(f"logprobs must be at least 0, got {logprobs}")
         self.seq, self.sampler = seq, sampler
         self.stop_ids, self.limit = frozenset(stop_ids), limit
         self.on_token, self.keep_final = on_token, keep_final
@@ -163,6 +226,16 @@ class Decoder:
         self.final: int | None = None    # the token that ended the answer, not fed
         self.reason: str | None = None
         self.drafted = self.accepted = 0
+        self.top_logprobs = logprobs
+        self.logprobs: list[TokenLogprob] | None = [] if logprobs is not None else None
+        self._given = 0                  # entries handed out by `new_logprobs`
+
+    def new_logprobs(self) -> list | None:
+        """The entries recorded since the previous call (a streamed piece's)."""
+        if self.logprobs is None:
+            return None
+        out, self._given = self.logprobs[self._given:], len(self.logprobs)
+        return out
 
     @property
     def answer(self) -> list[int]:
@@ -186,6 +259,8 @@ class Decoder:
             tid = self.sampler.next(logits, self.seq._ids)
         else:
             tid = judge(self.sampler, logits, self.seq._ids, guess, q)
+        if self.logprobs is not None:
+            self.logprobs.append(token_logprobs(logits, tid, self.top_logprobs))
         if tid in self.stop_ids:
             return self._end("end", tid)
         if self.seq.remaining < 1:
@@ -198,6 +273,8 @@ class Decoder:
 
     def _end(self, reason: str, tid: int) -> None:
         self.reason, self.final = reason, tid
+        if reason in ("end", "context_full") and self.logprobs:
+            self.logprobs.pop()          # not part of the answer (never shown)
         return None
 
     def commit(self, tid: int) -> None:

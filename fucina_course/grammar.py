@@ -74,10 +74,11 @@ from typing import Sequence
 
 import numpy as np
 
+from .chat_template import end_of_turn_ids
 from .errors import FucinaError
 
 __all__ = ["GrammarError", "Factory", "GrammarProcessor", "compile_response_format",
-           "compile_json_schema", "lltokenizer", "stop_ids"]
+           "compile_json_schema", "lark", "lltokenizer", "stop_ids"]
 
 # llama.cpp's `SPACE_RULE` in json-schema-to-grammar: | " " | "\n"{1,2} [ \t]{0,20}.
 WHITESPACE_PATTERN = r"(?:[ ]?|\n{1,2}[ \t]{0,20})"
@@ -131,8 +132,7 @@ class _TokenizerView:
 
 def stop_ids(tokenizer) -> frozenset[int]:
     """The ids that end a turn: exactly the ones `Conversation` stops on."""
-    from .chat import ChatFormat
-    ids = ChatFormat(tokenizer).stop_ids
+    ids = end_of_turn_ids(tokenizer)
     if not ids:
         raise GrammarError("this tokenizer has no end-of-turn token: a constrained "
                            "answer could never end")
@@ -195,6 +195,15 @@ class Factory:
 
     def __repr__(self):
         return f"Factory({self.description})"
+
+
+def lark(source: str) -> str:
+    """A grammar written in llguidance's Lark dialect (`%json {schema}` for a JSON
+    value, `<[id]>` for one token by id) -> the grammar `Factory` takes."""
+    try:
+        return _llg().grammar_from("lark", source)
+    except (ValueError, TypeError) as e:
+        raise GrammarError(f"grammar: {e}") from e
 
 
 def compile_json_schema(schema, tokenizer, *, description: str | None = None) -> Factory:

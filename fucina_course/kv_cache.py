@@ -202,6 +202,27 @@ class KvCache:
         if keep < self.len:
             self.len = max(0, keep)
 
+    def copy_from(self, other: "KvCache", n: int) -> None:
+        """Hold positions 0..n-1 of `other` (same layers, heads, head_dim and cache
+        type) and nothing else: one array copy per layer instead of a prefill that
+        computes the same rows again (the server's n choices of one prompt).  `len`
+        is 0 until every layer is copied, then `n`."""
+        same = (other.cache_type == self.cache_type and len(other.k) == len(self.k)
+                and other.k[0].shape[1:] == self.k[0].shape[1:])
+        if not same:
+            raise FucinaError("copy_from: the two KV caches differ in geometry or type")
+        if not 0 <= n <= min(other.len, self.capacity):
+            raise KvCacheOverflow(f"copy_from: {n} positions asked, the source holds "
+                                  f"{other.len} and the capacity is {self.capacity}")
+        self.len = 0
+        pairs = [(self.k, other.k), (self.v, other.v)]
+        if self.k_scale is not None:
+            pairs += [(self.k_scale, other.k_scale), (self.v_scale, other.v_scale)]
+        for mine, theirs in pairs:
+            for layer in range(len(mine)):
+                mine[layer][:n] = theirs[layer][:n]       # [n, kv_heads, head_dim(/32)]
+        self.len = n
+
 
 def common_prefix(a, b) -> int:
     """Length of the longest common prefix of two id lists: the positions of a cache

@@ -49,6 +49,10 @@ users should run with one slot per user or without reuse.  Measured in
 tests/test_server.py: the second request with the same system prompt prefills
 only the tokens after it (`usage.prompt_tokens_details.cached_tokens`).
 
+Choices (n > 1).  The n jobs of one request share a `group`; one prefills the
+prompt, the others wait, copy its rows (`Sequence.copy_from`: an array copy per
+layer) and run its last id only: n = 2 prefills len(prompt) + 1 ids, not twice.
+
 Load.  At most `parallel` jobs run and `queue_size` wait (default 2 x parallel);
 `submit` refuses more with `Busy` (the server's 429 with Retry-After), so memory and
 latency stay bounded whatever the clients do.  A request takes its place in that
@@ -78,7 +82,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from .chat import Conversation, Reply, Turn
-from .generation import advance
+from .generation import Piece, advance
 from .kv_cache import common_prefix, prompt_fits
 from .errors import ContextFull, FucinaError
 from .sampler import Sampler, SamplerConfig
@@ -129,7 +133,9 @@ class Job:
     engine thread: ("text", str) for each piece of visible text (stop strings held
     back until they are known not to be one), then exactly once either
     ("done", Reply) or ("error", FucinaError).  `max_tokens`: None runs until an
-    end-of-turn id, a stop string or a full cache."""
+    end-of-turn id, a stop string or a full cache.  `logprobs` (k): each token's
+    logprob and k alternatives, in the text pieces (`generation.Piece`) and the
+    reply.  `group`: an object the jobs of one request share ("Choices")."""
 
     ids: Sequence[int]
     text: str
@@ -137,6 +143,8 @@ class Job:
     sink: Callable[[str, object], None]
     max_tokens: int | None = None
     stop: Sequence[str] = ()
+    logprobs: int | None = None
+    group: object = None
     cancelled: bool = False
     reason: str | None = None        # why it was cancelled ("client", "shutdown")
     over: bool = False               # the sink got "done" or "error"
@@ -406,13 +414,15 @@ class Scheduler:
                 self._release(slot, error=FucinaError(f"cancelled ({job.reason})"))
                 return
             if slot.turn is None:
+                if self._share_prompt(slot):
+                    return                   # a sibling is prefilling it: wait
                 conv.sampler, conv.stop = job.sampler, tuple(job.stop)
                 conv.max_response_tokens = job.max_tokens
 
-                def write(text: str, _job=job) -> None:
-                    _job._emit("text", text)
+                def write(text: str, _job=job, _slot=slot) -> None:
+                    _job._emit("text", Piece(text, _slot.turn.decoder.new_logprobs()))
 
-                slot.turn = Turn.for_ids(conv, job.ids, job.text, write)
+                slot.turn = Turn.for_ids(conv, job.ids, job.text, write, job.logprobs)
                 self.stats.jobs += 1
                 self.stats.prefilled += len(slot.turn.new)
                 self.stats.reused += slot.turn.keep
@@ -422,6 +432,19 @@ class Scheduler:
             self._release(slot, error=e)
         except Exception as e:
             self._abort(slot, _internal(e, "prefill"))
+
+    def _share_prompt(self, slot: _Slot) -> bool:
+        """n > 1: True while a sibling prefills, else copy the prompt it holds."""
+        ids, group = slot.job.ids, slot.job.group
+        sibs = [s for s in self.slots if s is not slot and s.turn is not None
+                and group is not None and s.job.group is group]
+        if any(not s.turn.started for s in sibs):
+            return True
+        best = max(sibs, key=lambda s: common_prefix(s.conv.tokens, ids), default=None)
+        n = min(common_prefix(best.conv.tokens, ids) if best else 0, len(ids) - 1)
+        if n > common_prefix(slot.conv.tokens, ids):
+            slot.conv.seq.copy_from(best.conv.seq, n)
+        return False
 
     def _step(self) -> None:
         """Sample for every running job; one forward step for those that go on.

@@ -159,7 +159,8 @@ CLAIMS: dict[str, dict[str, str]] = {
         "logits_verdict": W},
     "13_serve_it.md": {
         "batch_bits": W, "n_allowed": G, "p_removed": R, "serve_gain": R, "gain_words": W,
-        "beyond_words": W, "serve_vs_lockstep": R, "versus_words": W},
+        "beyond_words": W, "serve_vs_lockstep": R, "versus_words": W, "median_p": G,
+        "unsure_p": G, "unsure_token": R, "unsure_alt": R},
     "14_speculative.md": {
         "cost_words": W, "cost_8": R, "roof_share_1": R, "curve_words": W,
         "share_sentence": W, "tile_words": W, "ridge_rows": R,

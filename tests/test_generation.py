@@ -129,3 +129,58 @@ def test_generate_refuses_a_cache_that_holds_something(tiny):
     tiny.forward_step([1, 2, 3], 0, cache)
     with pytest.raises(FucinaError, match="empty cache"):
         tiny.generate([4, 5], 4, cache=cache)
+
+
+def test_the_logprob_recorder_is_the_log_softmax_of_the_raw_logits(tiny):
+    """Each chosen token's record is numpy's log-softmax of the logits `choose`
+    saw (not of the biased, tempered ones the sampler drew from), with the k best;
+    an end id is not recorded, a Decoder not asked records nothing; `copy_from`
+    then gives a second sequence the same cache as a prefill would."""
+    prompt = tiny.tokenizer.encode("Once upon a time")
+    seq = Sequence(tiny, tiny.new_cache(64))
+    sampler = Sampler(SamplerConfig(temperature=1.5, seed=11, logit_bias={7: 5.0}))
+    d = Decoder(seq, sampler, limit=6, logprobs=3)
+    logits, rows = seq.extend(prompt), []
+    while True:
+        rows.append(np.asarray(logits, dtype=np.float64))
+        tid = d.choose(logits)
+        if tid is None:
+            break
+        logits = advance([(d, tid)])[0]
+    assert len(d.logprobs) == len(d.answer) == 6
+    for row, entry, tid in zip(rows, d.logprobs, d.answer):
+        ref = row - row.max() - np.log(np.exp(row - row.max()).sum())     # [vocab]
+        assert entry.id == tid and abs(entry.logprob - ref[tid]) < 1e-9
+        best = np.argsort(-ref, kind="stable")[:3]
+        assert [i for i, _ in entry.top] == best.tolist()
+        np.testing.assert_allclose([lp for _, lp in entry.top], ref[best], atol=1e-9)
+    stop = d.answer[2]
+    seq2 = Sequence(tiny, tiny.new_cache(64))
+    seq2.copy_from(seq, len(prompt) - 1)
+    assert seq2.tokens == prompt[:-1] and seq2.cache.len == len(prompt) - 1
+    e = Decoder(seq2, Sampler(SamplerConfig(temperature=1.5, seed=11,
+                                            logit_bias={7: 5.0})),
+                stop_ids={stop}, logprobs=0)
+    decode([e], [seq2.extend(prompt[-1:])])
+    assert e.reason == "end" and e.ids == d.answer[:2]
+    assert [(x.id, x.top) for x in e.logprobs] == [(x.id, []) for x in d.logprobs[:2]]
+    np.testing.assert_allclose([x.logprob for x in e.logprobs],
+                               [x.logprob for x in d.logprobs[:2]], atol=1e-4)
+    assert Decoder(seq, Greedy).logprobs is None
+
+
+def test_speculation_records_the_same_logprobs(tiny):
+    """A verify step's rows are a plain step's: the record is the same, bit for bit."""
+    from fucina_course.speculative import PromptLookup, Speculator
+
+    prompt = tiny.tokenizer.encode("a b c a b c a b c a b c a b")
+
+    def run(speculator):
+        seq = Sequence(tiny, tiny.new_cache(128))
+        d = Decoder(seq, Greedy, limit=30, logprobs=2)
+        decode([d], [seq.extend(prompt)], speculator)
+        return d
+
+    plain, spec = run(None), run(Speculator(PromptLookup(ngram_max=3, ngram_min=1)))
+    assert spec.accepted > 0 and spec.answer == plain.answer
+    assert spec.logprobs == plain.logprobs and len(plain.logprobs) == 30

@@ -302,7 +302,7 @@ def test_bad_input_gets_openai_errors_and_the_server_goes_on(server):
     is_openai_error(post(server, "/v1/chat/completions", nan), 400, "temperature")
     is_openai_error(post(server, "/v1/chat/completions", {**chat, "top_p": 0}), 400,
                     "top_p")
-    is_openai_error(post(server, "/v1/chat/completions", {**chat, "n": 2}), 400, "n")
+    is_openai_error(post(server, "/v1/chat/completions", {**chat, "n": 9}), 400, "n")
     is_openai_error(post(server, "/v1/chat/completions",
                          {**chat, "messages": [{"role": "tool", "content": "x"}]}),
                     400, "messages[0].role")
@@ -365,13 +365,13 @@ def test_the_field_table_is_the_request_models():
 
 
 @pytest.mark.parametrize("route, field, value", [
-    ("chat", "n", 2), ("chat", "logprobs", True), ("chat", "top_logprobs", 3),
-    ("chat", "tools", [{"type": "function", "function": {"name": "f"}}]),
-    ("chat", "tool_choice", "required"), ("chat", "modalities", ["text", "audio"]),
+    ("responses", "top_logprobs", 3),
+    ("chat", "functions", [{"name": "f"}]),       # the deprecated API (tools: served)
+    ("chat", "function_call", "auto"), ("chat", "modalities", ["text", "audio"]),
     ("chat", "reasoning_effort", "high"), ("chat", "service_tier", "flex"),
     ("chat", "prediction", {"type": "content", "content": "x"}),
     ("completion", "best_of", 2), ("completion", "echo", True),
-    ("completion", "suffix", "}"), ("completion", "logprobs", 0),
+    ("completion", "suffix", "}"),
     ("responses", "previous_response_id", "resp_1"),
     ("responses", "reasoning", {"effort": "high"}), ("responses", "truncation", "auto"),
     ("responses", "background", True), ("responses", "include", ["reasoning"]),

@@ -22,10 +22,11 @@ answer (schema.py), a bug in a route a 500 with the log's traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
@@ -38,11 +39,12 @@ from ..kv_cache import prompt_fits
 from ..sampler import Sampler, SamplerConfig
 from ..scheduler import Job, Scheduler
 from ..text_stream import THINK_OPEN
-from . import answers
+from . import answers, tools
 from .guard import Access, Guard
-from .schema import (ApiError, SamplingRequest, chat_messages, error_of, max_tokens,
-                     parse, response_format_of, response_messages, sampler_config,
-                     stop_list)
+from .metrics import CONTENT_TYPE, Counted, Metrics
+from .messages import chat_messages, response_messages
+from .schema import (ApiError, SamplingRequest, error_of, max_tokens, parse,
+                     response_format_of, sampler_config, stop_list)
 from .stream import EventStream, Pending
 
 log = logging.getLogger("fucina.serve")
@@ -59,9 +61,12 @@ class Prepared:
     req: SamplingRequest
     text: str
     ids: list[int]
-    sampler: Sampler
+    samplers: list[Sampler]           # one per choice (n), each its own job
     max_tokens: int | None
     stop: list[str]
+    tool_calls: object = None         # a tools.ToolPlan: <tool_call> blocks are parsed
+    logprobs: int | None = None       # alternatives per token (`logprobs_of`)
+    pendings: list = field(default_factory=list)    # each choice's job, as submitted
 
 
 def _json_response(status: int, body: dict, headers: dict | None = None):
@@ -72,6 +77,56 @@ def _meta(prefix: str, model_id: str) -> dict:
     """The id, time and model every chat or completion object (and chunk) repeats."""
     return dict(id=f"{prefix}-{uuid.uuid4().hex[:24]}", created=int(time.time()),
                 model=model_id)
+
+
+MAX_CHOICES = 8        # n: each choice is a job, with a slot and a place of its own
+
+
+def _invalid(param: str, message: str) -> ApiError:
+    return ApiError(400, message, param=param, code="invalid_value")
+
+
+def logprobs_of(req) -> int | None:
+    """How many alternatives a request asks for beside each token's logprob (None:
+    no logprobs; generation.py says what a logprob is).  Chat: `logprobs: true`,
+    and `top_logprobs` 0 .. 20, which needs it; completions: `logprobs` 0 .. 5,
+    where 0 still asks for the chosen token's (OpenAI's ranges and rules)."""
+    if hasattr(req, "top_logprobs"):                                 # chat
+        top = req.top_logprobs
+        if top is not None and not 0 <= top <= 20:
+            raise _invalid("top_logprobs",
+                           f"top_logprobs must be in 0 .. 20, got {top}")
+        if top and not req.logprobs:
+            raise _invalid("top_logprobs", "top_logprobs needs logprobs: true")
+        return (top or 0) if req.logprobs else None
+    value = getattr(req, "logprobs", None)                           # completions
+    if value is not None and not 0 <= value <= 5:
+        raise _invalid("logprobs", f"logprobs must be in 0 .. 5, got {value}")
+    return value
+
+
+def choice_configs(req, config: SamplerConfig, parallel: int) -> list[SamplerConfig]:
+    """The sampler settings of each of the request's `n` choices, after checking n
+    (1 .. MAX_CHOICES, and at most `parallel`: the choices run side by side, a slot
+    each, and share one prefill: scheduler.py) and the logprobs fields.  With a
+    seed, choice i draws from seed + i (mod 2**32): the same n answers each time,
+    choice 0 the answer n = 1 gives; without one, each draws a seed of its own."""
+    n = getattr(req, "n", None)
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_CHOICES:
+        raise _invalid("n", f"n must be in 1 .. {MAX_CHOICES}, got {n}")
+    if n > parallel:
+        raise _invalid("n", f"n = {n} choices run side by side, a slot each, and this "
+                       f"server has {parallel} slots (--parallel)")
+    logprobs_of(req)
+    if config.seed is None:
+        return [config] * n
+    return [config.with_(seed=(config.seed + i) % 2**32) for i in range(n)]
+
+
+def _one(streams: list):
+    """The event stream of a request's choices: the one's, or n merged."""
+    return streams[0] if len(streams) == 1 else answers.merged(streams)
 
 
 class App:
@@ -97,7 +152,14 @@ class App:
         # no token spells more bytes than this: a prompt of B bytes has at least
         # ceil(B / longest_token) tokens (`_check_bound`)
         self.longest_token = max(1, max(map(len, self.tokenizer.token_bytes)))
-        self.asgi = Guard(self._build(), self.api_key, self.max_body, self.access)
+        self.metrics = Metrics(scheduler)
+        app = self._build()
+        # every answer counted (metrics.py); /metrics, like /health, needs no key
+        # (a scraper has none): the same routes behind a Guard without it
+        keyless = Guard(app, None, self.max_body, self.access)
+        self.asgi = Counted(self.metrics, app.router.routes,
+                            Guard(app, self.api_key, self.max_body, self.access),
+                            by_path={"/metrics": keyless})
 
     # --- plumbing ----------------------------------------------------------------
 
@@ -115,8 +177,8 @@ class App:
                 message = f"Unknown request URL: {request.method} {request.url.path}"
             else:
                 message = str(exc.detail)
-            return _json_response(exc.status_code, ApiError(
-                exc.status_code, message, code=None).body())
+            return _json_response(exc.status_code, ApiError(   # 405: its Allow header
+                exc.status_code, message, code=None).body(), exc.headers)
 
         @app.exception_handler(Exception)
         async def crash(request, exc: Exception):
@@ -135,6 +197,7 @@ class App:
             app.router.add_route(path, endpoint, methods=[method])
 
         route("/health", self.health, "GET")
+        route("/metrics", self.metrics_text, "GET")
         route("/v1/models", self.models, "GET")
         route("/v1/models/{name:path}", self.model_card, "GET")
         route("/v1/chat/completions", self.chat, "POST")
@@ -149,6 +212,11 @@ class App:
         return JSONResponse({"status": "ok" if alive else "unavailable",
                              **self.scheduler.snapshot()},
                             status_code=200 if alive else 503)
+
+    async def metrics_text(self, request):
+        """Prometheus' text format (metrics.py), on the event loop: a copy of
+        the counters, the scheduler's lock held as briefly as for /health."""
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
     async def models(self, request) -> dict:
         return {"object": "list", "data": [self._model_card()]}
@@ -206,6 +274,7 @@ class App:
         isolate the engine fully, at the price of a second copy of the tokenizer
         and the template per process: not worth it while an encoding under the
         byte bound stays that short."""
+        arrival = time.perf_counter()    # the time to first token starts here
         raw = await self._body(request)
         try:
             reservation = self.scheduler.reserve()
@@ -215,29 +284,59 @@ class App:
         route = f"{request.method} {request.url.path}"
         try:
             prepared = await run_in_threadpool(self._prepare, kind, raw, reservation,
-                                               pending, route)
+                                               pending, route, arrival)
             return await respond(request, prepared, pending)
         except BaseException:
             pending.cancel()             # a no-op unless a job was submitted
             raise
 
     def _prepare(self, kind: str, raw: bytes, reservation, pending: Pending,
-                 route: str) -> Prepared:
+                 route: str, arrival: float) -> Prepared:
         """(A worker thread.)  Parse, check, render, encode; submit the job in the
-        reserved place.  The reservation is released on every way out unless the
-        job took it."""
-        with reservation:
+        reserved place (n choices: n jobs of one group, each in a place of its own,
+        reserved here: a 429 if they are not free).  Every place is released on
+        every way out unless a job took it."""
+        with reservation, contextlib.ExitStack() as places:
             prepared = getattr(self, f"_prepare_{kind}")(parse(kind, raw, route))
-            job = Job(ids=prepared.ids, text=prepared.text, sampler=prepared.sampler,
-                      sink=pending.sink, max_tokens=prepared.max_tokens,
-                      stop=prepared.stop)
+            n = len(prepared.samplers)
+            held = [reservation] + [places.enter_context(self._place(n))
+                                    for _ in range(n - 1)]
+            prepared.logprobs = logprobs_of(prepared.req)
+            prepared.pendings = [pending] + [Pending(pending.loop)
+                                             for _ in range(n - 1)]
+            group = object() if n > 1 else None
+            jobs = [Job(ids=prepared.ids, text=prepared.text, sampler=sampler,
+                        sink=self.metrics.watch(p.sink, arrival, prompt=i == 0),
+                        max_tokens=prepared.max_tokens, stop=prepared.stop,
+                        logprobs=prepared.logprobs, group=group)
+                    for i, (sampler, p) in enumerate(zip(prepared.samplers,
+                                                         prepared.pendings))]
+            submitted: list[Job] = []
+
+            def cancel() -> None:            # every choice goes with the request
+                for job in submitted:
+                    self.scheduler.cancel(job)
+
             try:
-                self.scheduler.submit(job, reservation)
+                for job, place in zip(jobs, held):
+                    self.scheduler.submit(job, place)
+                    submitted.append(job)
             except FucinaError as e:
+                cancel()
                 raise error_of(e) from None
-            pending.job = job
-            pending.cancel = lambda: self.scheduler.cancel(job)
+            for p, job in zip(prepared.pendings, jobs):
+                p.job, p.cancel = job, cancel
         return prepared
+
+    def _place(self, n: int):
+        """(A worker thread.)  One more place in the load for a request of n
+        choices (`Scheduler.reserve`); the error says why it needs several."""
+        try:
+            return self.scheduler.reserve()
+        except FucinaError as e:
+            err = error_of(e)
+            err.message = f"n = {n} choices take {n} places in the load: {err.message}"
+            raise err from None
 
     def _sampler(self, config: SamplerConfig, response_format: dict | None,
                  param: str = "response_format") -> Sampler:
@@ -283,11 +382,11 @@ class App:
                            f"{room} positions (at least 1 is needed to answer)",
                            param=param, code="context_length_exceeded")
 
-    def _encode_chat(self, messages: list[dict], thinking: bool,
-                     param: str) -> tuple[str, list[int]]:
+    def _encode_chat(self, messages: list[dict], thinking: bool, param: str,
+                     tools: list[dict] | None = None) -> tuple[str, list[int]]:
         """(A worker thread.)  Render the template, check the bound, encode."""
         try:
-            text = self.format.render(messages, no_think=not thinking)
+            text = self.format.render(messages, no_think=not thinking, tools=tools)
         except FucinaError as e:
             raise ApiError(400, f"the messages cannot be rendered: {e}",
                            param=param) from None
@@ -305,10 +404,20 @@ class App:
             raise ApiError(400, f"the prompt cannot be encoded: {e}", param=param,
                            code="invalid_value") from None
 
+    def _think_close(self, text: str) -> int | None:
+        """`</think>`'s id if the rendered prompt left the model thinking."""
+        return self.format.think_ids[1] if self._starts_thinking(text) else None
+
     def _starts_thinking(self, text: str) -> bool:
         """Did the template open a think block the model is to continue?"""
         tail = text.rstrip("\n")
         return self.format.can_think and tail.endswith(THINK_OPEN)
+
+    def _spell(self, tid: int) -> bytes:
+        """A token's bytes, as a logprob entry lists them (an id of the
+        vocabulary's padding, past the tokenizer's list, spells nothing)."""
+        spelled = self.tokenizer.token_bytes
+        return spelled[tid] if 0 <= tid < len(spelled) else b""
 
     # --- /v1/chat/completions -------------------------------------------------------
 
@@ -329,20 +438,43 @@ class App:
             else max_tokens(req.max_tokens, "max_tokens")
         stop = stop_list(req.stop)
         config = sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
-        text, ids = self._encode_chat(messages, thinking, "messages")
-        sampler = self._sampler(config, req.response_format)
-        return Prepared(req, text, ids, sampler, limit, stop)
+        configs = choice_configs(req, config, self.scheduler.parallel)
+        plan = tools.plan(req, self.tokenizer)
+        text, ids = self._encode_chat(messages, thinking, "messages",
+                                      plan.entries if plan else None)
+        if plan is not None:
+            close = self._think_close(text)
+            samplers = [Sampler(c, logit_processor=plan.processor(close))
+                        for c in configs]
+            return Prepared(req, text, ids, samplers, limit, stop, tool_calls=plan)
+        samplers = [self._sampler(c, req.response_format) for c in configs]
+        return Prepared(req, text, ids, samplers, limit, stop)
 
     async def _answer_chat(self, request, prep: Prepared, pending: Pending):
         req, meta = prep.req, _meta("chatcmpl", self.model_id)
         split, thinking = self.format.can_think, self._starts_thinking(prep.text)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(answers.chat_events(
-                pending.events(), meta, len(prep.ids), split=split,
-                thinking=thinking, include_usage=usage), pending.cancel)
-        reply = await pending.result(request)
-        return answers.chat_completion(meta, reply, len(prep.ids), split, thinking)
+            streams = []
+            for i, p in enumerate(prep.pendings):       # a stream per choice
+                events = answers.chat_events(
+                    p.events(), meta, len(prep.ids), split=split,
+                    thinking=thinking, include_usage=usage,
+                    think_ids=self.format.think_ids, index=i,
+                    spell=self._spell if prep.logprobs is not None else None)
+                if prep.tool_calls:
+                    events = tools.tool_events(events)
+                streams.append(events)
+            return EventStream(_one(streams), pending.cancel)
+        bodies = []
+        for p in prep.pendings:
+            reply = await p.result(request)
+            body = answers.chat_completion(meta, reply, len(prep.ids), split, thinking,
+                                           self.format.think_ids)
+            body["choices"][0]["logprobs"] = answers.chat_logprobs(reply.logprobs,
+                                                                   self._spell)
+            bodies.append(tools.tool_message(body) if prep.tool_calls else body)
+        return answers.several(bodies)
 
     # --- /v1/completions -------------------------------------------------------------
 
@@ -359,6 +491,7 @@ class App:
         limit = max_tokens(req.max_tokens, "max_tokens")
         stop = stop_list(req.stop)
         config = sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
+        configs = choice_configs(req, config, self.scheduler.parallel)
         if isinstance(prompt, str):
             self._check_bound(prompt, "prompt")
             text = prompt
@@ -374,18 +507,26 @@ class App:
                                code="invalid_value")
             ids = list(prompt)
             text = self.tokenizer.decode(ids)
-        sampler = self._sampler(config, req.response_format)
-        return Prepared(req, text, ids, sampler, limit, stop)
+        samplers = [self._sampler(c, req.response_format) for c in configs]
+        return Prepared(req, text, ids, samplers, limit, stop)
 
     async def _answer_completion(self, request, prep: Prepared, pending: Pending):
         req, meta = prep.req, _meta("cmpl", self.model_id)
+        spell = self._spell if prep.logprobs is not None else None
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            return EventStream(answers.completion_events(
-                pending.events(), meta, len(prep.ids), include_usage=usage),
-                pending.cancel)
-        reply = await pending.result(request)
-        return answers.text_completion(meta, reply, len(prep.ids))
+            return EventStream(_one([answers.completion_events(
+                p.events(), meta, len(prep.ids), include_usage=usage, index=i,
+                spell=spell, offset=len(prep.text))
+                for i, p in enumerate(prep.pendings)]), pending.cancel)
+        bodies = []
+        for p in prep.pendings:
+            reply = await p.result(request)
+            body = answers.text_completion(meta, reply, len(prep.ids))
+            body["choices"][0]["logprobs"] = answers.completion_logprobs(
+                reply.logprobs, self._spell, len(prep.text))
+            bodies.append(body)
+        return answers.several(bodies)
 
     # --- /v1/responses -----------------------------------------------------------------
 
@@ -399,18 +540,27 @@ class App:
         stop = stop_list(req.stop)
         response_format = response_format_of(req.text)
         config = sampler_config(req, self.tokenizer.vocab_size)  # mistakes first
-        text, ids = self._encode_chat(messages, True, "input")
+        plan = tools.plan(req, self.tokenizer)
+        text, ids = self._encode_chat(messages, True, "input",
+                                      plan.entries if plan else None)
+        if plan is not None:
+            sampler = Sampler(config, logit_processor=plan.processor(
+                self._think_close(text)))
+            return Prepared(req, text, ids, [sampler], limit, stop, tool_calls=plan)
         sampler = self._sampler(config, response_format, "text.format")
-        return Prepared(req, text, ids, sampler, limit, stop)
+        return Prepared(req, text, ids, [sampler], limit, stop)
 
     async def _answer_responses(self, request, prep: Prepared, pending: Pending):
         state = answers.ResponseState(
             id=f"resp_{uuid.uuid4().hex[:24]}", msg=f"msg_{uuid.uuid4().hex[:24]}",
             created=time.time(), model=self.model_id, req=prep.req,
             split=self.format.can_think, thinking=self._starts_thinking(prep.text),
-            n_prompt=len(prep.ids))
+            n_prompt=len(prep.ids), think_ids=self.format.think_ids)
         if prep.req.stream:
-            return EventStream(answers.response_events(pending.events(), state),
-                               pending.cancel)
+            events = answers.response_events(pending.events(), state)
+            if prep.tool_calls:
+                events = tools.ResponseToolEvents(prep.tool_calls).run(events)
+            return EventStream(events, pending.cancel)
         reply = await pending.result(request)
-        return answers.response_object(state, reply)
+        body = answers.response_object(state, reply)
+        return tools.tool_response(body, prep.tool_calls) if prep.tool_calls else body

@@ -112,7 +112,7 @@ def _refused(*neutral, why: str) -> Rule:
     return Rule("refused", (None, *neutral), why)
 
 
-NO_TOOLS = "this server does not call tools"
+USE_TOOLS = "the deprecated functions API is not served; send tools"
 _NO_STORE = "this server stores nothing; send the whole history in the request"
 
 # Every field of OpenAI's request bodies for the three routes (as the `openai` client
@@ -127,13 +127,13 @@ _NO_STORE = "this server stores nothing; send the whole history in the request"
 # * no-ops: metadata, user, safety_identifier (no accounts, no abuse tracking);
 #   store (nothing is stored, and nothing is needed later: `previous_response_id`
 #   is refused); prompt_cache_* (prefix reuse here is automatic and affects speed
-#   only); parallel_tool_calls (meaningless without tools, which are refused);
+#   only);
 #   stream_options on /v1/responses (its one option, include_obfuscation, pads
 #   events against a network side channel: nothing to pad on a local server);
 #   image (options for image inputs, which are refused where they appear);
-# * neutral values beyond None: n = best_of = 1, logprobs false (chat; on
-#   /v1/completions logprobs is a count and 0 still asks for the sampled token's),
-#   top_logprobs 0, echo false, suffix "", tools / functions / include / context
+# * n (choice i seeded seed + i), logprobs, top_logprobs: app.py, generation.py;
+# * neutral values beyond None: best_of = 1, top_logprobs 0 (/v1/responses),
+#   echo false, suffix "", tools / functions / include / context
 #   management [], tool_choice / function_call "none", modalities ["text"],
 #   service_tier "auto" / "default" (there is one tier), verbosity "medium" (the
 #   API's default), truncation "disabled" (a prompt over the context is a 400,
@@ -158,6 +158,9 @@ _TABLE: list[tuple[str, str, Rule]] = [
     ("frequency_penalty", "cpr", HONOURED),
     ("presence_penalty", "cpr", HONOURED),
     ("logit_bias", "cpr", HONOURED),
+    ("n", "cp", HONOURED),                     # 1 .. 8, at most --parallel (app.py)
+    ("logprobs", "cp", HONOURED),              # chat: bool; completions: 0 .. 5
+    ("top_logprobs", "c", HONOURED),           # 0 .. 20, with logprobs: true
     ("response_format", "cp", HONOURED),
     ("text", "r", HONOURED),                   # text.format (text.verbosity: below)
     ("top_k", "cpr", HONOURED),                # llama.cpp's extras
@@ -165,6 +168,9 @@ _TABLE: list[tuple[str, str, Rule]] = [
     ("repeat_penalty", "cpr", HONOURED),
     ("repeat_last_n", "cpr", HONOURED),
     ("chat_template_kwargs", "c", HONOURED),   # enable_thinking
+    ("tools", "cr", HONOURED),                 # server/tools.py
+    ("tool_choice", "cr", HONOURED),
+    ("parallel_tool_calls", "cr", HONOURED),
     # accepted, no behaviour here
     ("user", "cpr", NO_OP),
     ("metadata", "cr", NO_OP),
@@ -173,22 +179,17 @@ _TABLE: list[tuple[str, str, Rule]] = [
     ("prompt_cache_key", "cr", NO_OP),
     ("prompt_cache_options", "cr", NO_OP),
     ("prompt_cache_retention", "cr", NO_OP),
-    ("parallel_tool_calls", "cr", NO_OP),
     ("stream_options", "r", NO_OP),
     ("image", "r", NO_OP),
     # refused unless neutral
-    ("n", "cp", _refused(1, why="one answer per request (n = 1)")),
-    ("best_of", "p", _refused(1, why="one answer per request (best_of = 1)")),
-    ("logprobs", "c", _refused(False, why="no log probabilities are returned")),
-    ("logprobs", "p", _refused(why="no log probabilities are returned")),
-    ("top_logprobs", "cr", _refused(0, why="no log probabilities are returned")),
+    ("best_of", "p", _refused(1, why="no best-of ranking (best_of = 1; n is served)")),
+    ("top_logprobs", "r", _refused(0, why="no log probabilities on this route")),
     ("echo", "p", _refused(False, why="the prompt is not echoed")),
     ("suffix", "p", _refused("", why="no insertion (suffix) mode")),
-    ("tools", "cr", _refused([], why=NO_TOOLS)),
-    ("tool_choice", "cr", _refused("none", why=NO_TOOLS)),
-    ("functions", "c", _refused([], why=NO_TOOLS)),
-    ("function_call", "c", _refused("none", why=NO_TOOLS)),
-    ("max_tool_calls", "r", _refused(why=NO_TOOLS)),
+    ("functions", "c", _refused([], why=USE_TOOLS)),
+    ("function_call", "c", _refused("none", why=USE_TOOLS)),
+    ("max_tool_calls", "r", _refused(
+        why="no cap on tool calls; parallel_tool_calls false asks for one")),
     ("audio", "c", _refused(why="text output only")),
     ("modalities", "c", _refused(["text"], why="text output only")),
     ("prediction", "c", _refused(why="no predicted outputs")),
@@ -254,8 +255,9 @@ class TextPart(RequestBody):
 class Message(RequestBody):
     role: StrictStr
     content: Union[StrictStr, list[TextPart], None] = None
+    tool_calls: Optional[list] = None            # an assistant's calls (server/tools.py)
+    tool_call_id: Optional[StrictStr] = None     # a tool message: the call it answers
     # documented, refused unless empty (`chat_messages`)
-    tool_calls: Optional[list] = None
     function_call: Optional[Any] = None
     audio: Optional[Any] = None
 
@@ -290,6 +292,12 @@ class ChatRequest(SamplingRequest):
     max_completion_tokens: Optional[int] = None
     chat_template_kwargs: Optional[dict] = None
     response_format: Optional[dict] = None
+    n: Optional[int] = None                      # checked by app.choice_configs
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = None
+    tools: Optional[list] = None                 # checked by tool_calls.tools_of
+    tool_choice: Union[StrictStr, dict, None] = None
+    parallel_tool_calls: Optional[bool] = None
 
 
 class CompletionRequest(SamplingRequest):
@@ -297,6 +305,8 @@ class CompletionRequest(SamplingRequest):
     stream_options: Optional[StreamOptions] = None
     max_tokens: Optional[int] = 16          # OpenAI's default for completions
     response_format: Optional[dict] = None
+    n: Optional[int] = None                 # checked by app.choice_configs
+    logprobs: Optional[int] = None          # 0 .. 5 alternatives
 
 
 class ResponseText(RequestBody):
@@ -309,6 +319,13 @@ class ResponsesRequest(SamplingRequest):
     instructions: Optional[StrictStr] = None
     max_output_tokens: Optional[int] = None
     text: Optional[ResponseText] = None
+    tools: Optional[list] = None                 # function tools (server/tools.py)
+    tool_choice: Union[StrictStr, dict, None] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    @property
+    def response_format(self) -> dict | None:
+        return response_format_of(self.text)
 
 
 REQUESTS: dict[str, type[SamplingRequest]] = {
@@ -448,78 +465,6 @@ def max_tokens(value, param: str) -> int | None:
         raise ApiError(400, f"{param} must be at least 1, got {value}", param=param,
                        code="invalid_value")
     return value
-
-
-def text_of(content, where: str) -> str:
-    """A message's content: a string, or text parts joined.  The parts are the chat
-    schema's models or the Responses API's plain dicts: one rule for both."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise ApiError(400, "content must be a string or a list of text parts",
-                       param=f"{where}.content")
-    out = []
-    for i, part in enumerate(content):
-        get = part.get if isinstance(part, dict) else lambda k, p=part: getattr(p, k, None)
-        kind, text = get("type"), get("text")
-        if kind not in ("text", "input_text", "output_text") or not isinstance(text, str):
-            raise ApiError(400, f"only text content is supported, got a {kind!r} part",
-                           param=f"{where}.content[{i}]")
-        out.append(text)
-    return "".join(out)
-
-
-ROLES = {"system": "system", "developer": "system", "user": "user",
-         "assistant": "assistant"}
-
-
-def chat_messages(items: list[Message]) -> list[dict]:
-    """The chat route's messages -> the template's {"role", "content"} dicts."""
-    messages = []
-    for i, m in enumerate(items):
-        role = ROLES.get(m.role)
-        if role is None:
-            raise ApiError(400, f"unsupported role {m.role!r} (use system, user or "
-                           f"assistant)", param=f"messages[{i}].role")
-        for name in ("tool_calls", "function_call", "audio"):
-            if getattr(m, name) not in (None, []):
-                raise unsupported(f"messages[{i}].{name}", Rule(
-                    "refused", why=NO_TOOLS if name != "audio"
-                    else "text output only"))
-        messages.append({"role": role, "content": text_of(m.content, f"messages[{i}]")})
-    return messages
-
-
-def response_messages(req: ResponsesRequest) -> list[dict]:
-    """The Responses route's instructions and input -> the template's messages."""
-    if req.text is not None and not is_neutral(req.text.verbosity, (None, "medium")):
-        raise unsupported("text.verbosity", Rule("refused", why="no verbosity control"))
-    messages = [{"role": "system", "content": req.instructions}] \
-        if req.instructions else []
-    if isinstance(req.input, str):
-        messages.append({"role": "user", "content": req.input})
-    else:
-        for i, item in enumerate(req.input):
-            messages.append(_response_item(item, f"input[{i}]"))
-    if not any(m["role"] != "system" for m in messages):
-        raise ApiError(400, "input must hold at least one message", param="input")
-    return messages
-
-
-def _response_item(item: dict, where: str) -> dict:
-    if item.get("type", "message") != "message":
-        raise ApiError(400, f"only message items are supported, got "
-                       f"{item.get('type')!r}", param=f"{where}.type")
-    role = ROLES.get(item.get("role"))
-    if role is None:
-        raise ApiError(400, f"unsupported role {item.get('role')!r}",
-                       param=f"{where}.role")
-    if item.get("content") is None:
-        raise ApiError(400, "content must be a string or a list of text parts",
-                       param=f"{where}.content")
-    return {"role": role, "content": text_of(item["content"], where)}
 
 
 def response_format_of(text: ResponseText | None) -> dict | None:
