@@ -69,6 +69,9 @@ _GROUPS = {
         _arg("--expert-top-p", type=float, default=1.0, metavar="P",
              help="MoE models: per token, run only the best routed experts whose "
              "weights reach P of the total (default 1: all of them)"),
+        _arg("--expert-cache", metavar="SIZE", default=None,
+             help="MoE models: read the experts from disk into a cache of SIZE (2G, "
+             "512M) instead of mapping them: a model bigger than the memory runs"),
     ]),
     "input": (None, [
         _arg("--prompt", help="input text (encoded with the model's BOS policy)"),

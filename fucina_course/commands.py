@@ -38,9 +38,24 @@ def load_model_for(args):
     from .catalog import load_model, resolve
 
     check_expert_top_p(args)
+    budget = _expert_cache(args)
     path = resolve(args.model)
     startup.start_early(path)
-    return load_model(path, threads=args.threads, expert_top_p=args.expert_top_p)
+    model = load_model(path, threads=args.threads, expert_top_p=args.expert_top_p)
+    if budget is not None:
+        from .expert_cache import attach
+
+        model.expert_cache = attach(model, budget)
+    return model
+
+
+def _expert_cache(args) -> int | None:
+    """--expert-cache SIZE in bytes (checked before anything loads), or None."""
+    if getattr(args, "expert_cache", None) is None:
+        return None
+    from .expert_cache import parse_size
+
+    return parse_size(args.expert_cache)
 
 
 def check_expert_top_p(args) -> None:

@@ -162,4 +162,10 @@ def cmd_bench(args) -> int:
         d = result["decode"]
         streams = f" ({d['streams']} streams)" if d["streams"] > 1 else ""
         print(f"  decode  tg{d['tokens']:<5d} {d['tok_s']:10.1f} tok/s{streams}")
+    cache = getattr(model, "expert_cache", None)
+    if cache is not None:                  # --expert-cache: what the reads did
+        st = cache.stats
+        print(f"  experts {cache.n_slots} slots ({cache.n_slots * cache.slot_bytes / 2**20:.0f}"
+              f" MiB): hit rate {st.hit_rate:.0%}, lookahead {st.lookahead_rate:.0%} "
+              f"of {st.prefetched} read ahead, {st.bytes_read / 2**20:.0f} MiB read")
     return 0

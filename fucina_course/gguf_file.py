@@ -439,6 +439,11 @@ class GGUFFile:
     def has(self, key: str) -> bool:
         return key in self.fields
 
+    def mapped_base(self) -> int:
+        """The address of the file's byte 0 in the memory map: a tensor view's
+        address minus this is its offset in the file (expert_cache.py reads there)."""
+        return self._reader.data.__array_interface__["data"][0]
+
     def _field(self, key: str):
         field = self.fields.get(key)
         if field is None:

@@ -206,6 +206,7 @@ class MoeFfn(Watched):
         self.normalize = normalize    # expert_weights_norm (Qwen's norm_topk_prob)
         self.top_p = top_p            # expert top-p (>= 1: off)
         self.log: tuple[RoutingLog, int] | None = None   # (log, layer) when recording
+        self.stream = None            # expert_cache.StreamedExperts: read from disk
         # gate and up share one block format (they do in every converter's output)
         self.fused_gate_up = all(e.gate_up.fused is not None for e in experts)
 
@@ -229,8 +230,10 @@ class MoeFfn(Watched):
         if self.log is not None:
             self._record(logits, experts, weights)
         y = np.zeros((n * k, h.shape[1]), np.float32)                    # [n*k, hidden]
-        if n == 1 and self.fused_gate_up:
-            self._one_token(h, experts[0], y)                            # decode
+        if self.stream is not None:
+            self._streamed(h, experts, y, path)
+        elif n == 1 and self.fused_gate_up:
+            self._one_token(h, experts[0], y, self.experts)              # decode
         else:
             for e, pairs in group_by_expert(experts):   # (row, slot) pairs -> e
                 y[pairs] = self.experts[e](h[pairs // k], path)  # [m, hidden]
@@ -240,7 +243,39 @@ class MoeFfn(Watched):
             out += y[:, s] * weights[:, s:s + 1]
         return out
 
-    def _one_token(self, h: np.ndarray, selected: np.ndarray, y: np.ndarray) -> None:
+    def _streamed(self, h: np.ndarray, experts: np.ndarray, y: np.ndarray,
+                  path: str) -> None:
+        """The experts read into the stream's cache (expert_cache.py), the same
+        kernels on the slots' bytes.  One token: its k experts at once, and while
+        they are read the next layer's router on this input predicts that layer's
+        experts, read ahead.  Several tokens (a prefill may route to every expert,
+        more than the cache holds): one expert at a time, the next ones read ahead."""
+        stream, cache, k = self.stream, self.stream.cache, self.k
+        try:
+            if len(h) == 1 and self.fused_gate_up:
+                used = np.unique(experts[experts >= 0])
+
+                def ahead() -> None:
+                    if stream.next_router is not None:
+                        guess, _ = route(stream.next_router(h, path), k, self.normalize)
+                        cache.prefetch(stream.layer + 1, np.unique(guess))
+
+                slots = cache.acquire(stream.layer, used, ahead)
+                ffns = dict(zip(used.tolist(), stream.views(slots)))
+                self._one_token(h, experts[0], y, ffns)
+                return
+            groups = list(group_by_expert(experts))
+            order = [e for e, _ in groups]
+            for i, (e, pairs) in enumerate(groups):
+                slot = cache.acquire(stream.layer, [e], lambda i=i: cache.prefetch(
+                    stream.layer, order[i + 1:i + 1 + k]))
+                y[pairs] = stream.views(slot)[0](h[pairs // k], path)   # [m, hidden]
+                cache.release()
+        finally:
+            cache.release()
+
+    def _one_token(self, h: np.ndarray, selected: np.ndarray, y: np.ndarray,
+                   ffns) -> None:
         """One token's experts into y `[k, hidden]` (slot s in row s).
 
         The selected experts' gate and up matrices all read the same h, so they run as
@@ -250,7 +285,7 @@ class MoeFfn(Watched):
         (each wakes the worker threads: ~10% of a decode step on 2 busy cores).
         """
         slots = [s for s in range(len(selected)) if selected[s] >= 0]
-        ffns = [self.experts[selected[s]] for s in slots]
+        ffns = [ffns[selected[s]] for s in slots]
         both = quant.MultiMatrix([m for f in ffns for m in f.gate_up.fused.parts])
         gate_up = quant.matmul(both, h, path="rows")[0]                  # [2f * slots]
         for s, ffn, (gate, up) in zip(slots, ffns, gate_up.reshape(len(slots), 2, -1)):
