@@ -6,7 +6,7 @@
         [--llama-bench-avx2 PATH] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
-`synth:GEOMETRY:FORMAT`, written into the cache dir on first use: GEOMETRY is
+`synth:GEOMETRY:FORMAT[:layers=N]`, written into the cache dir on first use: GEOMETRY is
 `qwen3-0.6b`, `qwen3-moe-1gb` (128 experts, 8 per token; fucina_course/synth.py) or
 its dense twins `qwen3-moe-1gb-dense-active` / `-dense-total` (an FFN as wide as 8 / 128
 experts), e.g. `synth:qwen3-0.6b:Q4_K`, `synth:qwen3-moe-1gb:Q8_0`.
@@ -106,19 +106,27 @@ EMULATE = {
 
 def resolve(model: str) -> str:
     if model.startswith("synth:"):
-        from fucina_course.synth import (QWEN3_0_6B, QWEN3_MOE_1GB, cached_synthetic,
-                                         dense_twin, with_format)
+        from fucina_course.synth import (QWEN3_0_6B, QWEN3_30B_A3B, QWEN3_MOE_1GB,
+                                         cached_synthetic, dense_twin, with_format,
+                                         with_layers)
 
         moe = QWEN3_MOE_1GB
         geometries = {"qwen3-0.6b": QWEN3_0_6B, "qwen3-moe-1gb": moe,
+                      "qwen3-30b-a3b": QWEN3_30B_A3B,
                       # the MoE's dense twins: as many parameters per token / in total
                       "qwen3-moe-1gb-dense-active": dense_twin(moe, moe.num_experts_used),
                       "qwen3-moe-1gb-dense-total": dense_twin(moe, moe.num_experts)}
-        _, geometry, fmt = model.split(":")
+        _, geometry, fmt, *options = model.split(":")
         if geometry not in geometries:
             raise SystemExit(f"unknown synthetic geometry {geometry!r} "
                              f"(known: {', '.join(geometries)})")
-        return str(cached_synthetic(with_format(geometries[geometry], fmt)))
+        spec = with_format(geometries[geometry], fmt)
+        for option in options:                  # layers=N
+            key, _, value = option.partition("=")
+            if key != "layers" or not value.isdigit():
+                raise SystemExit(f"unknown synthetic option {option!r} (layers=N)")
+            spec = with_layers(spec, int(value))
+        return str(cached_synthetic(spec))
     from fucina_course.catalog import resolve as resolve_model
 
     return str(resolve_model(model))

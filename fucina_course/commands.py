@@ -20,6 +20,8 @@ pools before numpy and numba load.
 
 from __future__ import annotations
 
+import sys
+
 from .errors import FucinaError
 
 
@@ -42,9 +44,14 @@ def load_model_for(args):
     path = resolve(args.model)
     startup.start_early(path)
     model = load_model(path, threads=args.threads, expert_top_p=args.expert_top_p)
-    if budget is not None:
-        from .expert_cache import attach
+    from .expert_cache import attach, auto_budget
 
+    if budget is None and (budget := auto_budget(model)) is not None:
+        print(f"fucina: {model.path.name} ({model.gguf.size / 2**30:.1f} GiB) does not "
+              f"fit the memory this process may use: its experts are read from disk "
+              f"through a {budget / 2**30:.2f} GiB cache (--expert-cache chooses)",
+              file=sys.stderr)
+    if budget is not None:
         model.expert_cache = attach(model, budget)
     return model
 

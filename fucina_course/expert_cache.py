@@ -289,6 +289,60 @@ def expert_ranges(gguf, moe_layers: dict[int, object]) -> dict[Key, list[tuple[i
     return out
 
 
+# What stays besides the dense weights when the budget is chosen for the reader: the
+# interpreter, numpy, numba's compiled kernels, a step's workspace, a KV cache.
+RUNTIME_BYTES = 512 << 20
+
+
+def memory_allowed() -> int:
+    """Bytes this process may use: the smallest of the machine's memory and its cgroup's
+    limit (v1 `memory.limit_in_bytes` or v2 `memory.max`; the page cache counts)."""
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        lines = open("/proc/self/cgroup").read().splitlines()
+    except OSError:
+        return total
+    for line in lines:
+        _, controllers, where = line.split(":", 2)
+        if controllers == "memory":
+            limit = f"/sys/fs/cgroup/memory{where}/memory.limit_in_bytes"
+        elif controllers == "":
+            limit = f"/sys/fs/cgroup{where}/memory.max"
+        else:
+            continue
+        try:
+            value = open(limit).read().strip()
+        except OSError:
+            continue
+        if value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def auto_budget(model, allowed: int | None = None) -> int | None:
+    """The expert cache a MoE model needs to run in the memory allowed, or None when
+    the whole file fits (mapped, as usual).  What is left for the experts once the
+    dense weights and `RUNTIME_BYTES` are counted."""
+    from .moe import MoeFfn
+
+    moe = [layer.ffn for layer in model.layers if isinstance(layer.ffn, MoeFfn)]
+    allowed = memory_allowed() if allowed is None else allowed
+    size = model.gguf.size
+    if not moe or size + RUNTIME_BYTES <= allowed:
+        return None
+    experts = sum(f.expert_nbytes * len(f.experts) for f in moe)
+    budget = allowed - (size - experts) - RUNTIME_BYTES
+    need = (moe[0].k + 1) * moe[0].expert_nbytes
+    if budget < need:
+        mib = 2**20
+        raise FucinaError(
+            f"{model.path.name} needs more memory than the {allowed / mib:.0f} MiB this "
+            f"process may use: its dense weights ({(size - experts) / mib:.0f} MiB) and "
+            f"the runtime (~{RUNTIME_BYTES / mib:.0f} MiB) leave {max(budget, 0) / mib:.0f}"
+            f" MiB for the experts, which need {need / mib:.0f} MiB at least")
+    return budget
+
+
 def attach(model, budget: int, **options) -> ExpertCache:
     """Stream `model`'s experts through a cache of `budget` bytes (its MoE layers'
     `stream` set); the logits stay bit-identical."""

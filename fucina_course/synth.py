@@ -79,6 +79,24 @@ QWEN3_MOE_1GB = SynthSpec(arch="qwen3moe", hidden_size=1024, intermediate_size=3
                           moe_intermediate_size=512,
                           context_length=40960, name="qwen3-moe-1gb-geometry")
 
+# Qwen3-30B-A3B's geometry (its config.json: 48 layers, hidden 2048, 32 query and 4 KV
+# heads of 128, 128 experts of 768 with 8 per token): `with_layers` cuts it to a model
+# of the size a test needs (issue 46: ~350 MB a layer in Q4_K, a file bigger than a
+# memory limit).  The embeddings are tied here (the real model's are not): less to
+# write, the same per-token work in the layers.
+QWEN3_30B_A3B = SynthSpec(arch="qwen3moe", hidden_size=2048, intermediate_size=6144,
+                          num_layers=48, num_heads=32, num_kv_heads=4, head_dim=128,
+                          num_experts=128, num_experts_used=8,
+                          moe_intermediate_size=768, context_length=40960,
+                          name="qwen3-30b-a3b-geometry")
+
+
+def with_layers(spec: SynthSpec, layers: int) -> SynthSpec:
+    """`spec` with `layers` layers (its name says so)."""
+    if layers < 1:
+        raise ValueError(f"layers must be at least 1, got {layers}")
+    return replace(spec, num_layers=layers, name=f"{spec.name}-{layers}l")
+
 
 def vocabulary(vocab_size: int) -> dict:
     """The Qwen3 vocabulary, or a consistent prefix of it.

@@ -141,3 +141,69 @@ def test_a_cache_too_small_for_one_token_is_refused():
     model = Model.load(cached_synthetic(TINY_QWEN3_MOE))
     with pytest.raises(FucinaError, match="a token needs 2 at once"):
         attach(model, 2 * model.layers[0].ffn.expert_nbytes)
+
+
+# --- the memory a process may use, and the budget chosen from it -----------------------
+
+def test_the_budget_is_what_the_dense_weights_and_the_runtime_leave():
+    from fucina_course.expert_cache import RUNTIME_BYTES, auto_budget, memory_allowed
+
+    model = Model.load(cached_synthetic(TINY_QWEN3_MOE))
+    size = model.gguf.size
+    ffn = model.layers[0].ffn
+    experts = sum(layer.ffn.expert_nbytes * len(layer.ffn.experts)
+                  for layer in model.layers)
+    assert auto_budget(model, allowed=size + RUNTIME_BYTES) is None      # it fits
+    half = size + RUNTIME_BYTES - experts // 2
+    assert auto_budget(model, allowed=half) == experts - experts // 2
+    with pytest.raises(FucinaError, match="leave .* MiB for the experts"):
+        auto_budget(model, allowed=size - experts + RUNTIME_BYTES + ffn.expert_nbytes)
+    assert 0 < memory_allowed() <= os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def _cgroups_writable() -> bool:
+    probe = "/sys/fs/cgroup/memory/fucina-probe-test"
+    try:
+        os.mkdir(probe)
+        os.rmdir(probe)
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _cgroups_writable(), reason="needs a writable cgroup v1 memory "
+                    "hierarchy (root)")
+def test_inside_a_memory_limit_the_experts_stream_by_themselves(tmp_path):
+    """scripts/in_memory_limit.py puts the command in a cgroup that counts the page
+    cache; in one smaller than the file plus the runtime, `fucina generate` picks an
+    expert cache by itself and writes the same ids; a command that needs more is
+    killed, and the script says so."""
+    import subprocess
+    import sys
+
+    from fucina_course.expert_cache import RUNTIME_BYTES
+
+    path = cached_synthetic(TINY_QWEN3_MOE)
+    model = Model.load(path)
+    experts = sum(layer.ffn.expert_nbytes * len(layer.ffn.experts)
+                  for layer in model.layers)
+    limit = model.gguf.size + RUNTIME_BYTES - experts // 2
+    from pathlib import Path
+
+    runner = [sys.executable, str(Path(__file__).resolve().parent.parent / "scripts"
+                                  / "in_memory_limit.py")]
+    gen = [sys.executable, "-m", "fucina_course", "generate", str(path), "--prompt",
+           "Once upon a time", "--gen", "12", "--ignore-eos"]
+    free = subprocess.run(gen + ["--ids-out", tmp_path / "free"], capture_output=True,
+                          text=True, timeout=300)
+    assert free.returncode == 0, free.stderr
+    limited = subprocess.run(runner + [str(limit), "--"] + gen + [
+        "--ids-out", tmp_path / "limited"], capture_output=True, text=True, timeout=300)
+    assert limited.returncode == 0, limited.stderr
+    assert "its experts are read from disk" in limited.stderr
+    assert "OOM kills 0" in limited.stderr
+    assert (tmp_path / "limited").read_text() == (tmp_path / "free").read_text()
+    hog = subprocess.run(runner + ["100M", "--", sys.executable, "-c",
+                                   "import numpy; numpy.ones(300 << 20, 'u1').sum()"],
+                         capture_output=True, text=True, timeout=120)
+    assert hog.returncode == 137 and "OOM kills 1" in hog.stderr
