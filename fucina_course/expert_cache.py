@@ -76,7 +76,7 @@ class ExpertCache:
     until `release()`; `prefetch(layer, experts)` starts reads without waiting."""
 
     def __init__(self, path, ranges: dict[Key, list[tuple[int, int]]], budget: int, *,
-                 threads: int = 4, pin_fraction: float = 0.25, repin_every: int = 256):
+                 threads: int = 8, pin_fraction: float = 0.25, repin_every: int = 256):
         self.path = str(path)
         self.ranges = ranges
         sizes = [sum(n for _, n in r) for r in ranges.values()]
@@ -96,6 +96,9 @@ class ExpertCache:
         self.uses: Counter = Counter()
         self.n_pinned = int(self.n_slots * pin_fraction)
         self.repin_every, self._acquired = repin_every, 0
+        # reads in flight at most when reading ahead: enough to keep the disk's queue
+        # full, few enough that a step's own misses always find a slot
+        self.max_ahead = min(4 * threads, max(2, self.n_slots // 4))
         self.stats = CacheStats()
         self._fd = os.open(self.path, os.O_RDONLY)
         self._pool = ThreadPoolExecutor(max_workers=threads,
@@ -143,13 +146,17 @@ class ExpertCache:
             key = (layer, int(e))
             if key in self.slot_of or key in self.pending:
                 continue
-            if self._free_slot(dry=True) is None:
-                return                          # everything is busy: nothing to spare
+            in_flight = sum(1 for k in self.pending if k in self.ahead)
+            if in_flight >= self.max_ahead or self._free_slot(dry=True) is None:
+                return                          # the disk is busy enough, or no slot
             self.stats.prefetched += 1
             self.ahead.add(key)
             self._start(key)
 
     # --- slots -------------------------------------------------------------------------
+
+    def busy_keys(self) -> set[Key]:
+        return {self.key_of[slot] for slot in self.busy}
 
     def _touch(self, key: Key) -> None:
         if key in self.lru:
@@ -174,6 +181,9 @@ class ExpertCache:
 
     def _start(self, key: Key) -> None:
         slot = self._free_slot()
+        while slot is None and any(k not in self.busy_keys() for k in self.pending):
+            self._wait(next(k for k in self.pending if k not in self.busy_keys()))
+            slot = self._free_slot()        # a read ahead finished: its slot is free
         if slot is None:
             raise FucinaError(f"the expert cache's {self.n_slots} slots are all in use "
                               "by one step: give it a larger budget")
@@ -231,8 +241,9 @@ class StreamedExperts:
     `DenseFfn` over each slot's bytes, built once per (slot, format) and reused
     (a refilled slot changes its bytes, not its arrays)."""
 
-    def __init__(self, layer: int, mapped: list, cache: ExpertCache, next_router=None):
-        self.layer, self.cache, self.next_router = layer, cache, next_router
+    def __init__(self, layer: int, mapped: list, cache: ExpertCache, ahead=()):
+        self.layer, self.cache = layer, cache
+        self.ahead = list(ahead)              # [(layer, router)] to read ahead for
         self._template = mapped[0]
         self._views: dict[int, object] = {}
 
@@ -288,6 +299,10 @@ def expert_ranges(gguf, moe_layers: dict[int, object]) -> dict[Key, list[tuple[i
                 for w in (*expert.gate_up.parts, expert.down)]
     return out
 
+
+# Layers read ahead: the next layer's router (and the one after) applied to this
+# layer's input.  Two kept the disk busier than one: more reads in flight at once.
+LOOKAHEAD = 2
 
 # What stays besides the dense weights when the budget is chosen for the reader: the
 # interpreter, numpy, numba's compiled kernels, a step's workspace, a KV cache.
@@ -355,6 +370,7 @@ def attach(model, budget: int, **options) -> ExpertCache:
                           "--expert-cache streams experts")
     if any(len(f.experts[0].gate_up.parts) != 2 for f in moe.values()):
         raise FucinaError("expert streaming needs gate and up as two matrices")
+    depth = options.pop("lookahead", LOOKAHEAD)
     cache = ExpertCache(model.path, expert_ranges(model.gguf, moe), budget, **options)
     k = next(iter(moe.values())).k
     if cache.n_slots < k + 1:
@@ -364,7 +380,6 @@ def attach(model, budget: int, **options) -> ExpertCache:
                           f"more to read ahead): give it at least "
                           f"{(k + 1) * cache.slot_bytes / 2**20:.2f} MiB")
     for i, ffn in moe.items():
-        nxt = moe.get(i + 1)
-        ffn.stream = StreamedExperts(i, ffn.experts, cache,
-                                     nxt.router if nxt is not None else None)
+        ahead = [(j, moe[j].router) for j in range(i + 1, i + 1 + depth) if j in moe]
+        ffn.stream = StreamedExperts(i, ffn.experts, cache, ahead)
     return cache

@@ -255,10 +255,10 @@ class MoeFfn(Watched):
             if len(h) == 1 and self.fused_gate_up:
                 used = np.unique(experts[experts >= 0])
 
-                def ahead() -> None:
-                    if stream.next_router is not None:
-                        guess, _ = route(stream.next_router(h, path), k, self.normalize)
-                        cache.prefetch(stream.layer + 1, np.unique(guess))
+                def ahead() -> None:        # the next layers' routers on this input
+                    for layer, router in stream.ahead:
+                        guess, _ = route(router(h, path), k, self.normalize)
+                        cache.prefetch(layer, np.unique(guess))
 
                 slots = cache.acquire(stream.layer, used, ahead)
                 ffns = dict(zip(used.tolist(), stream.views(slots)))

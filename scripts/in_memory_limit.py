@@ -67,9 +67,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("limit", help="e.g. 2G, 1800M")
     ap.add_argument("--drop-caches", action="store_true")
-    ap.add_argument("command", nargs=argparse.REMAINDER)
-    args = ap.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = sys.argv[1:]
+    if "--" not in argv:
+        ap.error("give the command after --")
+    cut = argv.index("--")
+    args, command = ap.parse_args(argv[:cut]), argv[cut + 1:]
     if not command:
         ap.error("give the command after --")
     from fucina_course.expert_cache import parse_size

@@ -161,6 +161,10 @@ CLAIMS: dict[str, dict[str, str]] = {
         "batch_bits": W, "n_allowed": G, "p_removed": R, "serve_gain": R, "gain_words": W,
         "beyond_words": W, "serve_vs_lockstep": R, "versus_words": W, "median_p": G,
         "unsure_p": G, "unsure_token": R, "unsure_alt": R},
+    "15_bigger_than_memory.md": {
+        "token_share": R, "hit_full": G, "hit_eighth": R, "routing_words": W,
+        "read_ratio": G, "ahead_words": W, "waits_saved": G, "lookahead_rate": G,
+        "p07_saves": G},
     "14_speculative.md": {
         "cost_words": W, "cost_8": R, "roof_share_1": R, "curve_words": W,
         "share_sentence": W, "tile_words": W, "ridge_rows": R,
