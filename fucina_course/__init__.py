@@ -21,6 +21,8 @@ Where things live, in the order data flows (text -> ids -> vectors -> logits -> 
     kv_cache.py      KvCache: past K/V (f16 or q8_0); append, advance, truncate
     ffn.py           DenseFfn: the SwiGLU feed-forward network (also each MoE expert)
     moe.py           mixture of experts: router top-k, routed SwiGLU experts (qwen3moe)
+    expert_cache.py  a MoE bigger than memory: experts read from disk into a cache (LRU,
+                     pinning, lookahead), chosen by itself from the process's memory limit
     workspace.py     the buffers a forward step writes into, made once
     tape.py          a decode step's kernel calls, recorded from the blocks, replayed
     model.py         Model: embedding -> N x (attention_block + ffn_block) -> lm_head
