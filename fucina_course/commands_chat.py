@@ -54,7 +54,7 @@ def _tools(args) -> list | None:
         raise FucinaError(f"--tools {args.tools}: cannot read it: {e}") from None
     try:
         tools = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:     # RecursionError: deep nesting
         raise FucinaError(f"--tools {args.tools}: not JSON: {e}") from None
     if isinstance(tools, dict) and "tools" in tools:   # a request body's field
         tools = tools["tools"]

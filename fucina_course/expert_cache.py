@@ -155,9 +155,6 @@ class ExpertCache:
 
     # --- slots -------------------------------------------------------------------------
 
-    def busy_keys(self) -> set[Key]:
-        return {self.key_of[slot] for slot in self.busy}
-
     def _touch(self, key: Key) -> None:
         if key in self.lru:
             self.lru.move_to_end(key)
@@ -181,9 +178,10 @@ class ExpertCache:
 
     def _start(self, key: Key) -> None:
         slot = self._free_slot()
-        while slot is None and any(k not in self.busy_keys() for k in self.pending):
-            self._wait(next(k for k in self.pending if k not in self.busy_keys()))
-            slot = self._free_slot()        # a read ahead finished: its slot is free
+        busy = {self.key_of[s] for s in self.busy}
+        while slot is None and (ahead := [k for k in self.pending if k not in busy]):
+            self._wait(ahead[0])            # a read ahead finishes: its slot is free
+            slot = self._free_slot()
         if slot is None:
             raise FucinaError(f"the expert cache's {self.n_slots} slots are all in use "
                               "by one step: give it a larger budget")
@@ -280,10 +278,10 @@ def parse_size(text: str) -> int:
     try:
         value = float(t[:-1] if unit else t)
     except ValueError:
-        raise FucinaError(f"not a size: {text!r} (say 2G, 512M or a number of "
-                          "bytes)") from None
+        raise FucinaError(f"not a size: {str(text)[:40]!r} (say 2G, 512M or a "
+                          "number of bytes)") from None
     if not value > 0 or value != value or value == float("inf"):
-        raise FucinaError(f"a size must be positive, got {text!r}")
+        raise FucinaError(f"a size must be a positive number, got {str(text)[:40]!r}")
     return int(value * _UNITS[unit])
 
 

@@ -113,7 +113,8 @@ def test_sizes(text, size):
     assert parse_size(text) == size
 
 
-@pytest.mark.parametrize("text", ["", "abc", "-1G", "0", "nanM", "1X"])
+@pytest.mark.parametrize("text", ["", "abc", "-1G", "0", "nanM", "1X", "9" * 20_000,
+                                  "G" * 20_000])
 def test_bad_sizes_are_refused(text):
     with pytest.raises(FucinaError):
         parse_size(text)

@@ -133,6 +133,19 @@ def test_none_offers_no_tools_and_auto_calls_only_valid_functions(client):
         valid_call(call, WEATHER)
 
 
+def test_a_stream_dropped_half_way_leaves_the_server_answering(server, client):
+    import httpx
+
+    with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=60, json={
+            "model": MODEL, "messages": ASK, "tools": [WEATHER], "stream": True,
+            "tool_choice": "required", "max_tokens": 60, "temperature": 0}) as r:
+        for line in r.iter_lines():
+            if "tool_calls" in line:           # the call has begun: hang up
+                break
+    again = chat(client, tools=[WEATHER], tool_choice="required")
+    valid_call(again.choices[0].message.tool_calls[0], WEATHER)
+
+
 def test_a_call_cut_by_max_tokens_says_length(client):
     reply = chat(client, tools=[WEATHER], tool_choice="required", max_tokens=14)
     c = reply.choices[0]
@@ -166,6 +179,13 @@ def test_a_call_cut_by_max_tokens_says_length(client):
                     "tool_calls": [{"id": "x", "function": "f"}]}]},
      "messages[0].tool_calls[0]"),
     ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"tools": [{"type": "function", "function": {"name": "a" * 20_000}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {
+        "name": "f", "description": "x" * 20_000}}]}, "messages"),   # the context
+    ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "é" * 20_000}]}, "messages"),
 ])
 def test_hostile_tools_are_a_400_naming_the_field(server, body, param):
     import httpx
@@ -321,6 +341,9 @@ def test_the_repl_asks_for_each_result_and_goes_on(tmp_path):
     ('[{"type": "function", "function": {"name": "a b"}}]', [], "function name"),
     (json.dumps([WEATHER]), ["--tool-choice", "nope"], "not among the tools"),
     ("missing", [], "cannot read it"),
+    ("[" * 20_000, [], "not JSON"),                        # degenerate: deep nesting
+    (json.dumps([{"type": "function", "function": {"name": "a" * 20_000}}]), [],
+     "function name"),
 ])
 def test_bad_tools_flags_are_one_line_and_exit_1(tmp_path, content, flags, message):
     path = tmp_path / "tools.json"
