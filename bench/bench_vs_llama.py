@@ -6,10 +6,13 @@
         [--llama-bench-avx2 PATH] [--markdown]
 
 MODEL is a path, a named model (see `fucina models list`), or one of the synthetic specs
-`synth:GEOMETRY:FORMAT[:layers=N]`, written into the cache dir on first use: GEOMETRY is
-`qwen3-0.6b`, `qwen3-moe-1gb` (128 experts, 8 per token; fucina_course/synth.py) or
-its dense twins `qwen3-moe-1gb-dense-active` / `-dense-total` (an FFN as wide as 8 / 128
-experts), e.g. `synth:qwen3-0.6b:Q4_K`, `synth:qwen3-moe-1gb:Q8_0`.
+`synth:GEOMETRY:FORMAT[:layers=N][:skew=S]`, written into the cache dir on first use:
+GEOMETRY is `qwen3-0.6b`, `qwen3-moe-1gb` (128 experts, 8 per token;
+fucina_course/synth.py), `qwen3-30b-a3b`, or the 1 GB MoE's dense twins
+`qwen3-moe-1gb-dense-active` / `-dense-total` (an FFN as wide as 8 / 128 experts), e.g.
+`synth:qwen3-0.6b:Q4_K`, `synth:qwen3-moe-1gb:Q8_0`.  `layers=N` cuts the geometry to N
+layers; `skew=S` gives a MoE balanced routers (0: tokens spread over the experts as a
+trained router spreads them; S > 0: a Zipf-like popularity; fucina_course/synth_router.py).
 
 Kernel levels (fucina_course/quant/isa.py): `--levels` runs fucina once per level
 (FUCINA_SIMD=<level>; default: the best this CPU runs).  Below avx512vnni the whole
@@ -84,6 +87,7 @@ import json
 import logging
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -121,11 +125,20 @@ def resolve(model: str) -> str:
             raise SystemExit(f"unknown synthetic geometry {geometry!r} "
                              f"(known: {', '.join(geometries)})")
         spec = with_format(geometries[geometry], fmt)
-        for option in options:                  # layers=N
+        skew = None
+        for option in options:                  # layers=N, skew=S
             key, _, value = option.partition("=")
-            if key != "layers" or not value.isdigit():
-                raise SystemExit(f"unknown synthetic option {option!r} (layers=N)")
-            spec = with_layers(spec, int(value))
+            if key == "layers" and value.isdigit():
+                spec = with_layers(spec, int(value))
+            elif key == "skew" and re.fullmatch(r"\d+(\.\d+)?", value):
+                skew = float(value)
+            else:
+                raise SystemExit(f"unknown synthetic option {option!r} "
+                                 "(layers=N or skew=S)")
+        if skew is not None:                    # balanced routers (synth_router.py)
+            from fucina_course.synth_router import routed_synthetic
+
+            return str(routed_synthetic(spec, skew))
         return str(cached_synthetic(spec))
     from fucina_course.catalog import resolve as resolve_model
 

@@ -206,12 +206,15 @@ def _logical_shape(data: np.ndarray, qtype: T) -> tuple[int, int]:
 def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
                     metadata_overrides: dict | None = None,
                     type_overrides: dict[str, str] | None = None,
+                    embedding_std: float = 0.05,
                     progress: bool = False) -> Path:
     """Write `spec` as a GGUF file llama.cpp can load (if it knows the family); returns
     the path.
 
     `metadata_overrides` ({key: value}) and `type_overrides` ({tensor name: format})
-    exist to write deliberately broken files for the error tests.
+    exist to write deliberately broken files for the error tests; `embedding_std`
+    larger than the default gives hidden states dominated by the token's own embedding
+    (synth_router.py: routes that spread over the experts).
     """
     s = spec
     if s.arch not in FAMILIES:
@@ -231,7 +234,8 @@ def write_synthetic(spec: SynthSpec, path: str | os.PathLike, *,
     for key, (kind, value) in meta.items():
         if key != "general.architecture":
             getattr(w, f"add_{kind}")(key, value)
-    for name, (data, qtype) in _tensors(s, _config(s, len(vocab["tokens"])), mk):
+    for name, (data, qtype) in _tensors(s, _config(s, len(vocab["tokens"])), mk,
+                                        embedding_std):
         if name in (type_overrides or {}):  # random bytes, another (maybe unsupported)
             data, qtype = _random_bytes(mk.rng, data, qtype, T[type_overrides[name]])
         w.add_tensor(name, data, raw_dtype=qtype)
@@ -301,7 +305,7 @@ def _config(s: SynthSpec, n_vocab: int) -> Config:
                   moe_intermediate_size=s.moe_intermediate_size)
 
 
-def _tensors(s: SynthSpec, cfg: Config, mk: "_TensorMaker"):
+def _tensors(s: SynthSpec, cfg: Config, mk: "_TensorMaker", embedding_std: float):
     """(GGUF name, (data, type)) of every tensor, in the family table's order (which
     is also the order of the random draws: a spec always gives the same bytes)."""
     fam = cfg.family
@@ -309,7 +313,7 @@ def _tensors(s: SynthSpec, cfg: Config, mk: "_TensorMaker"):
         if t.optional and s.tied_embeddings:
             continue
         kind = {"embedding": s.embedding_type, "lm_head": s.output_type}.get(t.role)
-        std = 0.05 if t.role == "embedding" else None
+        std = embedding_std if t.role == "embedding" else None
         yield t.name, mk.tensor(t, cfg, kind or s.weight_type, std)
     for i in range(cfg.num_layers):
         for t in fam.layer:
@@ -318,16 +322,23 @@ def _tensors(s: SynthSpec, cfg: Config, mk: "_TensorMaker"):
                 yield f"blk.{i}.{t.bias}", (mk.bias(t.shape(cfg)[0]), T.F32)
 
 
-def cached_synthetic(spec: SynthSpec) -> Path:
-    """A synthetic model in the cache dir (written on first use; the name encodes the
-    spec)."""
+def cached_path_for(spec: SynthSpec, variant: str = "") -> Path:
+    """Where the cache keeps `spec` (its name encodes the spec; `variant` marks a file
+    changed after writing, e.g. synth_router's routers)."""
     from .catalog import cache_dir
 
     import hashlib
 
     key = hashlib.sha1(repr(spec).encode()).hexdigest()[:10]
-    name = f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}.gguf"
-    path = cache_dir() / "synth" / name
+    extra = f"-{variant}" if variant else ""
+    name = f"{spec.name}-{spec.weight_type.lower()}-s{spec.seed}-{key}{extra}.gguf"
+    return cache_dir() / "synth" / name
+
+
+def cached_synthetic(spec: SynthSpec) -> Path:
+    """A synthetic model in the cache dir (written on first use; the name encodes the
+    spec)."""
+    path = cached_path_for(spec)
     if not path.is_file():
         # A log record, not a print: a chapter's page must not depend on whether the
         # file was already in the cache (issue 22: a reader's first build showed these

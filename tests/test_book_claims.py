@@ -163,8 +163,9 @@ CLAIMS: dict[str, dict[str, str]] = {
         "unsure_p": G, "unsure_token": R, "unsure_alt": R},
     "15_bigger_than_memory.md": {
         "token_share": R, "hit_full": G, "hit_eighth": R, "routing_words": W,
-        "read_ratio": G, "ahead_words": W, "waits_saved": G, "lookahead_rate": G,
-        "p07_saves": G},
+        "read_ratio": G, "ahead_words": W, "waits_saved": R, "lookahead_rate": G,
+        "p07_saves": G, "share_random": R, "share_spread": G, "hit_eighth_random": R,
+        "p07_kl": R, "pager_words": W},
     "14_speculative.md": {
         "cost_words": W, "cost_8": R, "roof_share_1": R, "curve_words": W,
         "share_sentence": W, "tile_words": W, "ridge_rows": R,
