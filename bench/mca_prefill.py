@@ -28,18 +28,21 @@ kernel on Sapphire Rapids class, docs/BENCHMARKS.md).  llvm-mca is LLVM's, not t
 its models are approximations (Debian's `llvm-19` package has the Zen 4 one).
 
 `--arm` asks the same of the CPUs no session runs on at all, ARM's (Apple M-series,
-Graviton / Neoverse, Raspberry Pi 5's Cortex-A76), where the engine runs its generic
-level:
+Graviton / Neoverse, Raspberry Pi 5's Cortex-A76), at each aarch64 level a CPU model
+has (isa.ARM: dotprod everywhere listed, i8mm on apple-m2 and neoverse-v1):
 
-* fucina's: the generic level's Q8_0 packed GEMM (8 activation rows x 8 weight rows x 32
-  elements, int16 products), its IR built for an aarch64 module and compiled by
-  llvmlite's own LLVM for each CPU model, as the engine's JIT would compile it there;
-* llama.cpp's: on ARM, Q8_0 weights are repacked (ggml-cpu/repack.cpp), and the prefill
-  runs `ggml_gemm_q8_0_4x8_q8_0` where the CPU has the int8 matrix multiply (i8mm:
-  `smmla`, 32 MACs) or else `ggml_gemm_q8_0_4x4_q8_0` (dotprod: `sdot`, 16 MACs), from
+* fucina's: the level's packed GEMM (Q8_0, and Q4_K with --q4k): `sdot` on 4 weight rows
+  x 4 activation rows at dotprod, `smmla` on 16 weight rows x 2 activation rows at i8mm
+  (Q4_K at i8mm runs `sdot` as at dotprod), its IR built for an aarch64 module and
+  compiled by llvmlite's own LLVM for the level's target (`isa.target`: "generic" +
+  its features) with each CPU model's scheduling, as the engine's JIT would there;
+* llama.cpp's: on ARM, weights are repacked (ggml-cpu/repack.cpp), and the prefill runs
+  `ggml_gemm_q8_0_4x8_q8_0` (i8mm: `smmla`, 32 MACs) or `ggml_gemm_q8_0_4x4_q8_0`
+  (dotprod: `sdot`, 16 MACs); Q4_K `ggml_gemm_q4_K_8x8_q8_K` / `_8x4_`; from
   ggml-cpu/arch/arm/repack.cpp of the same vendored source, cross-compiled by
   `clang++-19 --target=aarch64-linux-gnu -mcpu=CPU -O3` (`apt-get install clang-19
   g++-aarch64-linux-gnu`: the compiler and the aarch64 C library headers).
+`--arm --level generic` gives the generic level's old row instead (int16 products).
 """
 
 from __future__ import annotations
@@ -166,10 +169,11 @@ def llama_loop(build: str) -> list[str]:
 ARM_TRIPLE = "aarch64-unknown-linux-gnu"
 
 
-def fucina_loop_arm(cpu: str) -> list[str]:
-    """The generic level's Q8_0 packed GEMM loop as LLVM compiles it for an aarch64 `cpu`
-    (the module's triple is what makes the IR helpers leave x86's SSE2 / SSSE3
-    intrinsics out: _ir.madd_host)."""
+def fucina_loop_arm(cpu: str, level: str = "generic", fmt: str = "Q8_0") -> list[str]:
+    """The packed GEMM loop of `fmt` at an aarch64 `level` as LLVM compiles it for
+    `cpu`: the level's own target (isa.target) with `cpu`'s scheduling, or at generic
+    `cpu` itself (the module's triple is what makes the IR helpers leave x86's SSE2 /
+    SSSE3 intrinsics out: _ir.madd_host)."""
     from gguf import GGMLQuantizationType as T
     from llvmlite import ir
 
@@ -178,15 +182,30 @@ def fucina_loop_arm(cpu: str) -> list[str]:
 
     mod = ir.Module("mca_arm")
     mod.triple = ARM_TRIPLE
-    IntKernels(T.Q8_0, isa.GENERIC).build(mod)
-    asm = _jit.assembly_for(mod, ARM_TRIPLE, cpu)
-    return innermost_loop(asm, "q8_0_generic_packed", ARM_DOT)
+    IntKernels(T[fmt], level).build(mod)
+    if level == isa.GENERIC:
+        asm = _jit.assembly_for(mod, ARM_TRIPLE, cpu)
+    else:
+        target_cpu, features, _ = isa.target(level)
+        asm = _jit.assembly_for(mod, ARM_TRIPLE, target_cpu, features, tune=cpu)
+    return innermost_loop(asm, f"{fmt.lower()}_{level}_packed", ARM_DOT)
 
 
-def llama_loop_arm(build: str, cpu: str, clang: str) -> tuple[str, list[str]]:
-    """(kernel, loop): the Q8_0 GEMM llama.cpp's repack picks on an aarch64 `cpu` (4x8
-    `smmla` with i8mm, else 4x4 `sdot`), cross-compiled for it from the source of our
-    llama-bench build, with its -D / -I flags (the x86 ones dropped)."""
+# llama.cpp's repack GEMM for a (format, level), and the instruction of its loop
+LLAMA_ARM = {("Q8_0", "i8mm"): ("ggml_gemm_q8_0_4x8_q8_0", "smmla"),
+             ("Q8_0", "dotprod"): ("ggml_gemm_q8_0_4x4_q8_0", "sdot"),
+             ("Q4_K", "i8mm"): ("ggml_gemm_q4_K_8x8_q8_K", "smmla"),
+             ("Q4_K", "dotprod"): ("ggml_gemm_q4_K_8x4_q8_K", "sdot")}
+# the aarch64 levels of the CPU models (LLVM's: i8mm from ARMv8.6 / Neoverse V1)
+ARM_LEVELS = {"apple-m1": ("dotprod",), "apple-m2": ("dotprod", "i8mm"),
+              "neoverse-n1": ("dotprod",), "neoverse-v1": ("dotprod", "i8mm"),
+              "cortex-a76": ("dotprod",)}
+
+
+def llama_asm_arm(build: str, cpu: str, clang: str) -> str:
+    """llama.cpp's ARM repack kernels (ggml-cpu/arch/arm/repack.cpp) cross-compiled for
+    an aarch64 `cpu` from the source of our llama-bench build, with its -D / -I flags
+    (the x86 ones dropped): the assembly."""
     with open(os.path.join(build, "compile_commands.json")) as f:
         entry = next(c for c in json.load(f) if c["file"].endswith("ggml-cpu/repack.cpp"))
     src = os.path.join(os.path.dirname(entry["file"]), "arch", "arm", "repack.cpp")
@@ -199,14 +218,22 @@ def llama_loop_arm(build: str, cpu: str, clang: str) -> tuple[str, list[str]]:
                         "-std=gnu++17", "-w", *flags, "-S", "-o", out, src],
                        cwd=entry["directory"], check=True)
         with open(out) as f:
-            asm = f.read()
-    for kernel, key in (("ggml_gemm_q8_0_4x8_q8_0", "smmla"),
-                        ("ggml_gemm_q8_0_4x4_q8_0", "sdot")):
+            return f.read()
+
+
+def llama_loop_arm(build: str, cpu: str, clang: str, fmt: str = "Q8_0",
+                   level: str | None = None) -> tuple[str, list[str]]:
+    """(kernel, loop): llama.cpp's repack GEMM of `fmt` for `level` on `cpu` (default:
+    the best the CPU has, 4x8 `smmla` with i8mm, else 4x4 `sdot`)."""
+    asm = llama_asm_arm(build, cpu, clang)
+    levels = [level] if level else ["i8mm", "dotprod"]
+    for lv in levels:
+        kernel, key = LLAMA_ARM[(fmt, lv)]
         try:
             return kernel, innermost_loop(asm, kernel, key)
         except ValueError:          # no such loop: the CPU lacks the instruction
             continue
-    raise SystemExit(f"no Q8_0 repack GEMM loop for {cpu} in {src}")
+    raise SystemExit(f"no {fmt} repack GEMM loop for {cpu} ({levels})")
 
 
 def print_table(args, triple: str, ours_name: str, theirs_name: str, loops) -> None:
@@ -217,12 +244,13 @@ def print_table(args, triple: str, ours_name: str, theirs_name: str, loops) -> N
     print(f"| CPU model | fucina {ours_name}, cycles / MACs per cycle | llama.cpp "
           f"{theirs_name}, cycles / MACs per cycle | fucina / llama.cpp |")
     print("|---|---:|---:|---:|")
-    for cpu in args.cpus.split(","):
-        ours, theirs, note = loops(cpu)
+    for row in args.cpus.split(","):
+        cpu = row.split(":")[0]                  # "cpu:level": one level of that CPU
+        ours, theirs, note = loops(row)
         c_ours = mca_cycles(args.mca, ours, cpu, triple)
         c_theirs = mca_cycles(args.mca, theirs, cpu, triple)
         r_ours, r_theirs = macs(ours) / c_ours, macs(theirs) / c_theirs
-        print(f"| {cpu} | {c_ours:.1f} / {r_ours:.1f} ({macs(ours)} MACs) | "
+        print(f"| {row} | {c_ours:.1f} / {r_ours:.1f} ({macs(ours)} MACs) | "
               f"{c_theirs:.1f} / {r_theirs:.1f} ({macs(theirs)} MACs{note}) | "
               f"{r_ours / r_theirs:.2f}x |")
 
@@ -236,6 +264,9 @@ def main() -> None:
                     help="aarch64 CPU models: the generic level against llama.cpp's "
                     "ARM repack kernels")
     ap.add_argument("--clang", default="clang++-19", help="for --arm")
+    ap.add_argument("--level", default=None, help="for --arm: generic (the old "
+                    "comparison), or one aarch64 level (default: each the CPU has)")
+    ap.add_argument("--q4k", action="store_true", help="for --arm: Q4_K, not Q8_0")
     ap.add_argument("--mca", default=shutil.which("llvm-mca-19") or "llvm-mca")
     ap.add_argument("--llama-build", default=os.path.expanduser(
         "~/.cache/fucina_course/llama-bench"))
@@ -251,12 +282,27 @@ def main() -> None:
         if clang is None:
             sys.exit(f"{args.clang} not found: `apt-get install clang-19 "
                      "g++-aarch64-linux-gnu` (the compiler and aarch64 headers)")
-        args.cpus = args.cpus or "apple-m1,apple-m2,neoverse-n1,neoverse-v1,cortex-a76"
+        args.cpus = args.cpus or ",".join(ARM_LEVELS)
+        fmt = "Q4_K" if args.q4k else "Q8_0"
+        if args.level == "generic":
+            def arm_loops(cpu):
+                kernel, theirs = llama_loop_arm(args.llama_build, cpu, clang, fmt)
+                return (fucina_loop_arm(cpu, "generic", fmt), theirs,
+                        ", " + kernel.split("_")[4])
+            print_table(args, "aarch64", f"generic {fmt} packed GEMM", "repack GEMM",
+                        arm_loops)
+            return
+        args.cpus = ",".join(f"{cpu}:{lv}" for cpu in args.cpus.split(",")
+                             for lv in ARM_LEVELS.get(cpu, ("dotprod",))
+                             if args.level in (None, lv))
 
-        def arm_loops(cpu):
-            kernel, theirs = llama_loop_arm(args.llama_build, cpu, clang)
-            return fucina_loop_arm(cpu), theirs, ", " + kernel.split("_")[4]
-        print_table(args, "aarch64", "generic packed GEMM", "repack GEMM", arm_loops)
+        def level_loops(row):
+            cpu, lv = row.split(":")
+            kernel, theirs = llama_loop_arm(args.llama_build, cpu, clang, fmt, lv)
+            return (fucina_loop_arm(cpu, lv, fmt), theirs,
+                    ", " + "_".join(kernel.split("_")[3:5]))
+        print_table(args, "aarch64", f"{fmt} packed GEMM at the level", "repack GEMM",
+                    level_loops)
         return
     args.cpus = args.cpus or "znver4,sapphirerapids,icelake-server"
     theirs = llama_loop(args.llama_build)

@@ -192,6 +192,34 @@ def test_mca_compiles_the_generic_packed_gemm_for_aarch64():
     assert not any("pmadd" in t for t in loop)
 
 
+def test_mca_compiles_the_arm_levels_packed_gemm():
+    # --arm at the aarch64 levels: Q8_0's loop is `sdot` at dotprod (4 activation rows
+    # x 4 weight rows x 32 elements, no smmla) and `smmla` at i8mm (2 rows x 16 weight
+    # rows x 32); each CPU model has its levels, and llama.cpp's kernel per level
+    import llvmlite.binding as ll
+
+    from fucina_course.quant import isa
+    from fucina_course.quant._int_packed import ARM_TILE, I8MM_TILE, lanes
+    from fucina_course.quant._int_smmla import N
+
+    ll.initialize_all_targets()
+    try:
+        ll.Target.from_triple("aarch64-unknown-linux-gnu")
+    except RuntimeError:
+        pytest.skip("this llvmlite has no AArch64 target")
+    mca = _bench_script("mca_prefill")
+    loop = mca.fucina_loop_arm("neoverse-n1", isa.DOTPROD)
+    assert mca.macs(loop) == ARM_TILE * lanes(isa.DOTPROD) * 32 == 512
+    assert any(t.split()[0] == "sdot" for t in loop)
+    assert not any(t.split()[0] in ("smmla", "smull", "smlal") for t in loop)
+    loop = mca.fucina_loop_arm("neoverse-v1", isa.I8MM)
+    assert mca.macs(loop) == I8MM_TILE * N * 32 == 1024
+    assert sum(t.split()[0] == "smmla" for t in loop) == 32
+    assert set(mca.ARM_LEVELS["apple-m2"]) == {isa.DOTPROD, isa.I8MM}
+    assert mca.LLAMA_ARM[("Q8_0", isa.I8MM)] == ("ggml_gemm_q8_0_4x8_q8_0", "smmla")
+    assert mca.fucina_loop_arm("apple-m1", isa.DOTPROD, "Q4_K")    # sdot there too
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),
                     reason="the x86 kernels' assembly")
 def test_mca_finds_the_packed_gemm_tile_loop():

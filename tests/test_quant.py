@@ -669,7 +669,8 @@ def test_level_selection(monkeypatch):
     assert isa.requested({"FUCINA_SIMD": "AVX2 "}) == isa.AVX2
     assert isa.requested({"FUCINA_NO_VNNI": "1"}) == isa.AVX2     # the older switch
     assert isa.requested({"FUCINA_NO_VNNI": "0"}) == best
-    with pytest.raises(ValueError, match="avx512vnni, avxvnni, avx2, generic"):
+    with pytest.raises(ValueError, match="avx512vnni, avxvnni, avx2, i8mm, dotprod, "
+                       "neon, generic"):
         isa.requested({"FUCINA_SIMD": "sse2"})
     assert isa.USABLE == isa.usable_levels(isa.numba_cpu_features(),
                                            isa.requested(os.environ))
@@ -720,10 +721,11 @@ def test_every_format_record_names_its_kernels():
     for t in ALL:
         k = FORMATS[t].kernels
         assert k.missing() == [], (t.name, k.missing())
-        want = ((*INT_LEVELS, isa.GENERIC) if t in GENERIC_IR_TYPES
-                else tuple(INT_LEVELS) if t in INT_TYPES else ())
+        # every family's integer levels (the other architecture's are never USABLE)
+        want = ((*isa.X86, *isa.ARM, isa.GENERIC) if t in GENERIC_IR_TYPES
+                else isa.X86 + isa.ARM if t in INT_TYPES else ())
         assert k.int_levels == want, t.name
-        assert set(k.blas_from) == set(INT_LEVELS if t in INT_TYPES else ())
+        assert set(k.blas_from) == set(isa.X86 + isa.ARM if t in INT_TYPES else ())
     assert FORMATS[T.Q4_K].kernels.float_q16 and matvec_mod._X16 == {int(T.Q4_K)}
     assert FORMATS[T.Q8_0].kernels.float_matvec is matvec_mod._mv_q8_0
     with pytest.raises(ValueError, match="Q8_0: float_matvec is .*_mv_q8_0 already"):

@@ -73,7 +73,7 @@ class IntKernels:
     @property
     def has_tiles(self) -> bool:
         """False at the generic level: its IR kernels are matvec only (matmul's "rows"
-        path runs them row by row; the tile builders use x86 intrinsics)."""
+        path runs them row by row; the tile builders use x86 or aarch64 intrinsics)."""
         return self.level != isa.GENERIC
 
     @property
@@ -158,6 +158,10 @@ class IntKernels:
         t, lv = self.ggml_type, self.level
         if lv == "generic":
             return "int16 activations, pmaddwd (SSE2; portable IR off x86)"
+        if isa.is_arm(lv):
+            ops = {"neon": "smull + pairwise adds (sdot's lanes)", "dotprod": "sdot",
+                   "i8mm": "sdot (packed GEMM: smmla)"}[lv]
+            return f"NEON {ops}" + (" + int16 pairs" if t.name[-1] == "K" else "")
         builder, opts, _ = row_spec(t, lv)
         wide = opts.get("width") == 512 or (builder is blk32_row and lv == "avx512vnni")
         kquant = builder is not blk32_row

@@ -24,7 +24,8 @@ i.e. the correction moves from the activation side (an int32 array as large as x
 per row) to the weight side (one extra vpdpbusd per weight vector, shared by the tile).
 avx2 does the same with int16 pairs, `vpmaddubsw(x + 128, q) - vpmaddubsw(128, q)`
 (|q| <= 32, so no pair saturates), except Q8_0 (|q| up to 128: ggml's sign trick per
-row).  Both leave the exact sum_j (u_j - off) x_j in the lane.  The activations are
+row).  Both leave the exact sum_j (u_j - off) x_j in the lane.  The aarch64 levels need
+neither: `sdot` multiplies the signed q by x directly ("sdot" form).  The activations are
 stored once per call as x + 128 (`prep_xor80`), and for Q4_K's zmm form in its nibble
 order.
 """
@@ -45,9 +46,9 @@ from ._int_matvec import (blk32_pair, blk32_quants, blk32_scales, blk32_signed,
                           q6k_pair_scales, q6k_quants, q6k_scale_words, q6k_scales,
                           quad_scales, row_spec, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, V, abs_sign, alloca, block_at, by_halves,
-                  const_vec, dot4, dpbusd, dpwssd, fma, fold16, for_range, hsum_f32,
-                  i64, load, load_f16, packssdw, pmaddubsw, pmaddwd, prefetch, shuffle,
-                  splat, sum_rows, totals4)
+                  const_vec, dot4, dpbusd, dpwssd, dpwssd_ir, fma, fold16, for_range,
+                  hsum_f32, i64, load, load_f16, madd, pack_words, packssdw, pmaddubsw,
+                  pmaddwd, prefetch, sdot, shuffle, splat, sum_rows, totals4)
 from .formats import FORMATS, registers
 
 
@@ -131,7 +132,7 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
             rows.each(b, dot)
 
         if full:
-            _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m)
+            _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m, level)
         else:                             # q4k_row's float work, row by row
             mw = q4k_min_words(b, sm)
 
@@ -148,7 +149,7 @@ def q4k_rows(b, w, nsb, tile, pf, rows, level, width, five=False):
         rows.finish(b, lambda r, k: q4k_result(b, b.load(acc2(b, k))))
 
 
-def _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m):
+def _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m, level):
     """A full tile's float work for super-block i: the 8 rows' totals as the lanes of
     one vector each, then q4k_row's fma for all 8 (lane k = row k)."""
     isum = sum_rows(b, [b.load(sums(b, k)) for k in range(8)])
@@ -159,7 +160,7 @@ def _tile_floats(b, i, sm, ddw, sums, dxt, bst, acc_i, acc_m):
                        V(I16, 16))
         bq = load(b, b.bitcast(bst, I8.as_pointer()),
                   b.mul(b.add(b.mul(i, i64(4)), i64(q)), i64(32)), V(I16, 16))
-        t = pmaddwd(b, mq, bq)
+        t = madd(b, level, mq, bq)
         msum = t if msum is None else b.add(msum, t)
     dx = load(b, b.bitcast(dxt, I8.as_pointer()), b.mul(i, i64(32)), V(F32, 8))
     d = b.fmul(splat(b, b.extract_element(ddw, ir.Constant(I32, 0)), 8), dx)
@@ -191,6 +192,7 @@ def q6k_rows(b, w, nsb, tile, pf, rows, level):
     rows.each(b, lambda r, k: b.store(ir.Constant(V(F32, nl), None), acc(b, k)))
     c32 = const_vec(I8, 32, off)
     avx2 = level == isa.AVX2
+    arm = isa.is_arm(level)                 # q signed, x as it is: no offsets
     with for_range(b, i64(0), nsb) as i:
         p = block_at(b, w, i, fmt.block_bytes, pf, 4)
         dw = load_f16(b, p, i64(fmt.d_offset))
@@ -199,6 +201,8 @@ def q6k_rows(b, w, nsb, tile, pf, rows, level):
         for n in range(2):
             for k, u in enumerate(q6k_quants(b, p, n)):
                 qv.append(b.sub(u, c32))
+                if arm:
+                    continue
                 if avx2:
                     inits.append(_pair_correction(b, qv[-1]))
                     scw.append(q6k_pair_scales(b, sc16, n, k))
@@ -207,14 +211,21 @@ def q6k_rows(b, w, nsb, tile, pf, rows, level):
             if not avx2:
                 for k in (0, 2):
                     scw.append(q6k_scale_words(b, sc16, n, k))
+        # (arm: qv and scw as the VNNI levels', inits unused)
         xo = b.mul(i, i64(256))
 
         def row(r, k):
-            _, xd, _, xu = tile.ptrs(b, r)
+            x, xd, _, xu = tile.ptrs(b, r)
             d = b.fmul(dw, load(b, xd, b.mul(i, i64(4)), F32))
             sumi = zero
-            xv = [load(b, xu, b.add(xo, i64(32 * v)), V(I8, 32)) for v in range(8)]
-            if avx2:
+            xv = [load(b, x if arm else xu, b.add(xo, i64(32 * v)), V(I8, 32))
+                  for v in range(8)]
+            if arm:
+                for v in range(0, 8, 2):
+                    dots = [sdot(b, level, None, qv[v + h], xv[v + h]) for h in range(2)]
+                    sumi = dpwssd_ir(b, sumi, pack_words(b, dots[0], dots[1]),
+                                     scw[v // 2])
+            elif avx2:
                 for v in range(8):
                     p16 = b.sub(pmaddubsw(b, xv[v], qv[v]), inits[v])
                     sumi = b.add(sumi, pmaddwd(b, p16, scw[v]))
@@ -232,7 +243,9 @@ def q6k_rows(b, w, nsb, tile, pf, rows, level):
 def _blk32_form(level, t):
     """How a tile dots 32-element blocks: "vnni-offset" (x + 128 . q, weight-side
     init), "avx2-offset" (the same in int16 pairs), "sign" (avx2 Q8_0: |q| . x sign(q)),
-    or "plain" (Q4_1 / Q5_1: u . x)."""
+    "plain" (Q4_1 / Q5_1: u . x), or on aarch64 "sdot" (q . x, both signed)."""
+    if isa.is_arm(level):
+        return "sdot"
     if not unsigned_offset(t):
         return "plain"
     if level != isa.AVX2:
@@ -269,7 +282,7 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
             if q.type.count == 64:
                 return q, by_halves(b, lambda qh: _pair_correction(b, qh), q)
             return q, _pair_correction(b, q)
-        if form == "sign":
+        if form in ("sign", "sdot"):
             return blk32_signed(b, t, u), None
         return u, None
 
@@ -277,6 +290,8 @@ def blk32_rows(b, w, nb, tile, pf, rows, level, t):
         if form == "vnni-offset":
             return dot4(b, level, corr, load(b, xu[0], xu[1], V(I8, n)), wq)
         xv = load(b, x[0], x[1], V(I8, n))
+        if form == "sdot":
+            return sdot(b, level, None, wq, xv)
         if form == "avx2-offset":
             xuv = load(b, xu[0], xu[1], V(I8, n))
 
@@ -417,10 +432,10 @@ def _kquant_tile_spec(t, level) -> TileSpec:
 
 @registers("int_tiles", T.Q6_K)
 def _q6k_tile_spec(t, level) -> TileSpec:
-    """Activation rows as x + 128 (module docstring)."""
+    """Activation rows as x + 128 (module docstring); as they are on aarch64."""
     return TileSpec(lambda b, w, n, tile, pf, rows: q6k_rows(b, w, n, tile, pf, rows,
                                                              level),
-                    None, prep_xor80)
+                    None, None if isa.is_arm(level) else prep_xor80)
 
 
 @registers("int_tiles", T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1)

@@ -1,4 +1,4 @@
-"""Integer kernels, one weight row x one activation vector (`matvec`), every x86 level.
+"""Integer kernels, one weight row x one activation vector (`matvec`), every level.
 
 Why.  The float kernels (matvec.py) widen every quant to float32, ~3.5 vector
 instructions per 8 weights, and top out at 7-12 GB/s for the 4/5/6-bit formats, below
@@ -48,6 +48,13 @@ as signed int16 (q itself: no offsets), 8 lanes of 4 products per 32 elements
 and scale them with one more pmaddwd, as the VNNI levels do with vpdpwssd
 (`q4k_lanes16`, `q6k_lanes16`).
 
+The aarch64 levels (isa.ARM) run the VNNI levels' builders with ARM's signed x signed
+dot product (_ir.py `sdot`: `sdot` at dotprod / i8mm, the same lanes in plain IR at
+neon): the quants signed (q, not u: no lane offsets, no prep), each lane the same
+exact sum of 4 adjacent products, then the VNNI levels' steps (packssdw and vpdpwssd
+as `pack_words` and `dpwssd_ir`, plain IR) and float work, so their rows equal
+avx512vnni's and avxvnni's bit for bit (tests/test_quant_aarch64.py).
+
 Which builder each (format, level) uses is registered in the format's record
 (`FORMATS[t].kernels.int_rows`, end of file); _int.py turns them into kernels.
 """
@@ -62,9 +69,9 @@ from llvmlite import ir
 
 from . import isa
 from ._ir import (F16, F32, I8, I16, I32, I64, V, abs_sign, alloca, block_at, const_vec,
-                  dot4, dpbusd, dpwssd, fma, fold16, for_range, half, hsum_f32, i64, load,
-                  load_f16, madd, madd_host, maddubs, packssdw, packssdw_host, prefetch,
-                  shuffle, splat, sum_pair, totals4)
+                  dot4, dpbusd, dpwssd, dpwssd_ir, fma, fold16, for_range, half, hsum_f32,
+                  i64, load, load_f16, madd, madd_host, maddubs, pack_words, packssdw,
+                  packssdw_host, prefetch, sdot, shuffle, splat, sum_pair, totals4)
 from .formats import FORMATS, registers
 
 ROWS = 16          # output rows per parallel chunk (_int.run)
@@ -239,6 +246,9 @@ def q4k_dot(b, level, sumi, lo, hi, xlo, xhi, sc):
     if level == isa.GENERIC:
         return b.add(sumi, madd_host(b, packssdw_host(b, q4k_lanes16(b, lo, xlo),
                                                       q4k_lanes16(b, hi, xhi)), sc))
+    if isa.is_arm(level):         # the VNNI levels' steps, the nibbles as s8 (<= 31)
+        return dpwssd_ir(b, sumi, pack_words(b, sdot(b, level, None, lo, xlo),
+                                             sdot(b, level, None, hi, xhi)), sc)
     if level == isa.AVX2:
         plo = madd(b, level, maddubs(b, level, lo, xlo), sc[0])
         phi = madd(b, level, maddubs(b, level, hi, xhi), sc[1])
@@ -422,6 +432,12 @@ def q6k_row(b, w, x, xd, xs, xoff, nsb, pf, level):
                 continue
             xvs = [load(b, x, b.add(xo, i64(128 * n + 32 * k)), V(I8, 32))
                    for k in range(4)]
+            if isa.is_arm(level):     # the VNNI levels' lanes and steps, q signed
+                dots = [sdot(b, level, None, b.sub(us[k], c32), xvs[k]) for k in range(4)]
+                for k in (0, 2):
+                    scw = q6k_scale_words(b, sc16, n, k)
+                    sumi = dpwssd_ir(b, sumi, pack_words(b, dots[k], dots[k + 1]), scw)
+                continue
             if level == isa.AVX2:     # int16 pairs (`maddubs`), then int32 (`madd`)
                 for k in range(4):
                     p16 = b.sub(maddubs(b, level, us[k], xvs[k]),
@@ -552,7 +568,7 @@ def blk32_lane_offsets(t, level) -> bool:
     """Whether blk32_row's lanes start from per-lane offsets (xoff,
     `prep_lane_offsets`): the formats stored with an offset, except avx2 Q8_0, which
     uses the sign trick, and the generic level, which multiplies q itself (int16)."""
-    return (bool(unsigned_offset(t)) and level != isa.GENERIC
+    return (bool(unsigned_offset(t)) and level != isa.GENERIC and not isa.is_arm(level)
             and not (level == isa.AVX2 and t == T.Q8_0))
 
 
@@ -569,6 +585,8 @@ def blk32_lanes(b, level, t, u, xv, init):
     unsigned quants, xv the activations, init the lane offsets (None without)."""
     if level == isa.GENERIC:
         return blk32_lanes16(b, t, u, xv)
+    if isa.is_arm(level):         # ARM multiplies signed by signed: q itself
+        return sdot(b, level, None, blk32_signed(b, t, u), xv)
     if level == isa.AVX2 and t == T.Q8_0:
         return dot4(b, level, None, *abs_sign(b, blk32_signed(b, t, u), xv))
     return dot4(b, level, init, u, xv)
@@ -752,9 +770,10 @@ def _kquant_row_spec(t, level) -> RowSpec:
 @registers("int_rows", T.Q6_K)
 def _q6k_row_spec(t, level) -> RowSpec:
     """ymm; lane offsets at the VNNI levels, int16 pairs at avx2 (module docstring),
-    int16 activations at generic (`q6k_lanes16`)."""
-    prep = ("x16" if level == isa.GENERIC else None if level == isa.AVX2
-            else "offsets")
+    int16 activations at generic (`q6k_lanes16`), signed quants (no offsets) on
+    aarch64."""
+    prep = ("x16" if level == isa.GENERIC
+            else None if level == isa.AVX2 or isa.is_arm(level) else "offsets")
     return RowSpec(q6k_row, {}, prep)
 
 

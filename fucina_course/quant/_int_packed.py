@@ -35,6 +35,14 @@ last row in the missing lanes.  It replaces BLAS there: Q8_0 and Q4_K layer matr
 at m = 64 and 256 ran faster than BLAS even as int16 pairs for both, and Q4_K's bytes
 then halved its time (measured: docs/BENCHMARKS.md#packed-gemm-at-generic).
 
+The aarch64 levels run 4 lanes (a NEON register) per group: `sdot` in its indexed
+form, each of 4 activation bytes against a weight vector (`_Dot._sdot`), the weights
+signed (no offsets), 4 activation rows per pass (`ARM_TILE`: llvm-mca, Q8_0, 1.04-1.08x
+llama.cpp's `ggml_gemm_q8_0_4x4_q8_0` on Apple M1, Neoverse N1 / V1, 0.96x on
+Cortex-A76; 8 lanes or 8 rows spilled registers).  At i8mm the 32-element formats use
+`smmla` on two activation rows at a time (_int_smmla.py); the K-quants run `sdot` as
+at dotprod.
+
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
 lanes started at -off * sum_j x_j (`prep_packed`); then `acc = fma(d_w * d_x,
@@ -56,12 +64,13 @@ from . import isa
 from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin,
                           q4k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
-                  const_vec, dpbusd, dpwssd, fma, for_range, i64, load, load_f16,
-                  madd_host, maddubs, pmaddwd, prefetch, shuffle, splat, x86_triple)
+                  concat, const_vec, dpbusd, dpwssd, dpwssd_ir, fma, for_range, i64,
+                  load, load_f16, madd, madd_host, maddubs, pmaddwd, prefetch, sdot,
+                  shuffle, splat, x86_triple)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
-PACKED_LEVELS = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2, isa.GENERIC)
+PACKED_LEVELS = isa.X86 + isa.ARM + (isa.GENERIC,)
 # the largest unsigned quant u = q + off of each format (avx2: how many vpmaddubsw
 # results may be summed in int16, `_Dot`)
 _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15,
@@ -70,6 +79,17 @@ _UMAX = {T.Q8_0: 255, T.Q4_0: 15, T.Q4_1: 15, T.Q5_0: 31, T.Q5_1: 31, T.Q4_K: 15
 # hold 8 rows' accumulators beside a block's 8 quant vectors, tiles of 4 or 6 rows were
 # no faster (measured: docs/BENCHMARKS.md#packed-tile-rows)
 TILE = 8
+ARM_TILE = 4
+I8MM_TILE = 2
+
+
+def tile_rows(level) -> int:
+    """Activation rows per pass: TILE, or ARM_TILE on aarch64."""
+    if level == isa.I8MM:
+        return I8MM_TILE
+    return ARM_TILE if isa.is_arm(level) else TILE
+
+
 # the repack prefetches the next group's weight rows (`_groups`); False builds the
 # kernels without it, the other side of docs/BENCHMARKS.md's A/B
 PREFETCH_AHEAD = True
@@ -84,8 +104,13 @@ def has_packed(t, level) -> bool:
 
 
 def lanes(level) -> int:
-    """Weight rows per packed group: the int32 lanes of a zmm (16) or a ymm (8).
-    `_int.run` hands each call ROWS = 16 rows: one group, or two after each other."""
+    """Weight rows per packed group: the int32 lanes of a zmm (16), a ymm (8) or a
+    NEON register (4: aarch64, whose 32 registers then hold a block's 8 quant vectors
+    beside 8 rows' accumulators; with 8 lanes they spilled, and llvm-mca put the
+    Q8_0 loop at 0.94x llama.cpp's on Cortex-A76).  `_int.run` hands each call ROWS
+    = 16 rows: one group, or several after each other."""
+    if isa.is_arm(level):
+        return 4
     return 16 if level == isa.AVX512VNNI else 8
 
 
@@ -104,6 +129,9 @@ def transpose(b, rows):
     the lane index by two-source shuffles: 24 in all (zmm: vpermt2d, 16 rows; ymm:
     unpacks and 128-bit permutes, 8 rows)."""
     n = len(rows)
+    if n == 4:                                  # aarch64: 8 rows' lanes 0-3
+        undef = ir.Constant(rows[0].type, ir.Undefined)
+        return [shuffle(b, v, v, range(4)) for v in transpose(b, [*rows, *[undef] * 4])]
     vecs = (list(rows) if n == 8
             else [shuffle(b, rows[i], rows[i + 8], range(16)) for i in range(8)])
     for bit in range(3):
@@ -189,6 +217,7 @@ class _Dot:
 
     def __init__(self, level, t, triple=None):
         self.level, self.n = level, lanes(level)
+        self.arm = isa.is_arm(level)            # signed weights, `sdot`
         self.int16 = not byte_products(t, level, triple)
         self.maddubs = level in (isa.AVX2, isa.GENERIC) and not self.int16
         self.signed = self.maddubs and t == T.Q8_0
@@ -202,6 +231,8 @@ class _Dot:
 
     def __call__(self, b, tot, quants, x, xo, signs=None):
         n = self.n
+        if self.arm:
+            return self._sdot(b, tot, quants, x, xo)
         xbs = [b.bitcast(_bcast(b, x, b.add(xo, i64(4 * k)), n), V(I8, 4 * n))
                for k in range(len(quants))]
         if self.int16:                          # int16 pairs: x the prep's int16 copy
@@ -226,11 +257,27 @@ class _Dot:
         return tot
 
 
+    def _sdot(self, b, tot, quants, x, xo):
+        """aarch64: the weights signed, each vector's 4-byte groups by 4 activation
+        bytes: x loaded 16 bytes at a time and each group's lane splat into the
+        operand, which LLVM folds into `sdot`'s indexed form (`sdot v.4s, v.16b,
+        v.4b[k]`, llama.cpp's `vdotq_laneq_s32`): no load per group."""
+        xv = None
+        for k, q in enumerate(quants):
+            if k % 4 == 0:
+                xv = load(b, x, b.add(xo, i64(4 * k)), V(I32, 4))
+            xb = b.bitcast(shuffle(b, xv, xv, [k % 4] * 4), V(I8, 16))
+            tot = sdot(b, self.level, tot, q, concat(b, [xb] * (q.type.count // 16)))
+        return tot
+
+
 def _madd(b, level, a16, b16):
     """Pairs of int16 products summed per int32 lane: vpmaddwd, or at the generic
     level `madd_host` (SSE2's by halves on x86-64, plain IR elsewhere)."""
     if level == isa.GENERIC:
         return madd_host(b, a16, b16)
+    if isa.is_arm(level):
+        return madd(b, level, a16, b16)
     return pmaddwd(b, a16, b16)
 
 
@@ -239,6 +286,8 @@ def _dpwssd(b, level, acc, a16, b16):
     (generic: `madd_host`) and an add elsewhere."""
     if level in (isa.GENERIC, isa.AVX2):
         return b.add(acc, _madd(b, level, a16, b16))
+    if isa.is_arm(level):
+        return dpwssd_ir(b, acc, a16, b16)
     return dpwssd(b, acc, a16, b16)
 
 
@@ -272,7 +321,8 @@ class _Blk32:
         self.nsign = 8 if self.dot.signed else 0     # ... and q's, for the sign trick
         self.dslot = self.nq + self.nsign            # d_w's slot, then m_w's
         self.VECS = self.dslot + 2
-        self.off = 0 if self.dot.signed or self.wide else unsigned_offset(t)
+        self.signed_q = self.dot.signed or self.wide or self.dot.arm   # q, not u
+        self.off = 0 if self.signed_q else unsigned_offset(t)
         self.ext = 8 if self.off else None      # prep: n / 8 bytes (an i32 per 32)
 
     def prep_ext(self, b, x, n, out):
@@ -283,7 +333,7 @@ class _Blk32:
 
     def repack(self, b, ptrs, scratch, base):
         quants = [blk32_quants(b, p, self.t, 1, self.level) for p in ptrs]
-        if self.dot.signed or self.wide:
+        if self.signed_q:
             quants = [blk32_signed(b, self.t, u) for u in quants]
         for k, v in enumerate(_lane_vectors(b, quants, self.wide)):
             if not self.dot.signed:
@@ -294,6 +344,10 @@ class _Blk32:
             aq = b.select(b.icmp_signed("<", q, zero), b.sub(zero, q), q)
             _store(b, scratch, b.add(base, i64(k)), aq)
             _store(b, scratch, b.add(base, i64(self.nq + k)), q)
+        self.store_scales(b, ptrs, scratch, base)
+
+    def store_scales(self, b, ptrs, scratch, base):
+        """d_w (and m_w) of the group's blocks `ptrs`, a lane per weight row."""
         fmt = self.fmt
         for slot, off in ((self.dslot, fmt.d_offset), (self.dslot + 1, fmt.m_offset)):
             if off is not None:
@@ -340,12 +394,13 @@ class _KQuant:
         self.dot = _Dot(level, t, triple)
         self.six = t == T.Q6_K
         self.wide = self.dot.int16                   # int16 weights (Q6_K: q - 32)
+        self.signed_q = self.wide or self.dot.arm    # Q6_K: q - 32, no offsets
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
         self.qvecs = 128 if self.wide else 64        # quant vectors per super-block
         self.VECS = self.qvecs + self.nsub + (0 if self.six else 5)
         # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes; generic: none, the
         # weights are signed); Q4_K/Q5_K the sums of 32 as int16 pairs (n / 16 bytes)
-        self.ext = (None if self.wide else 4) if self.six else 16
+        self.ext = (None if self.signed_q else 4) if self.six else 16
 
     def prep_ext(self, b, x, n, out):
         oi = b.bitcast(out, I32.as_pointer())
@@ -395,7 +450,7 @@ class _KQuant:
         per32 = self.qvecs // 8                        # vectors per 32 elements
         with for_range(b, i64(0), i64(8)) as v:        # 32 elements at a time
             rows = [b.bitcast(self._sub_quants(b, p, v), V(I8, 32)) for p in ptrs]
-            if self.wide and self.six:
+            if self.signed_q and self.six:
                 rows = [b.sub(r, const_vec(I8, 32, 32)) for r in rows]
             for k, vec in enumerate(_lane_vectors(b, rows, self.wide)):
                 _store(b, scratch, b.add(base, b.add(b.mul(v, i64(per32)), i64(k))),
@@ -474,7 +529,12 @@ class _KQuant:
 
 
 def _layout(t, level, triple=None):
-    return (_KQuant if FORMATS[t].block_size == 256 else _Blk32)(t, level, triple)
+    if FORMATS[t].block_size == 256:
+        return _KQuant(t, level, triple)
+    if level == isa.I8MM:
+        from ._int_smmla import Blk32Pairs     # (it builds on _Blk32)
+        return Blk32Pairs(t, level, triple)
+    return _Blk32(t, level, triple)
 
 
 def _ext_at(b, lay, n):
@@ -573,11 +633,15 @@ def _groups(b, lay, args, scratch, ngroup, partial):
                         prefetch(b, r, b.add(o, i64(line)))
             ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
                    b.add(col, rg), k0, nb, scratch, c, valid if partial else None)
-            ntile = b.udiv(m, i64(TILE))
+            tile = tile_rows(lay.level)
+            rows = _rows
+            if getattr(lay, "mm", False):        # i8mm: rows in pairs (_int_smmla)
+                from ._int_smmla import pair_rows as rows
+            ntile = b.udiv(m, i64(tile))
             with for_range(b, i64(0), ntile) as tt:
-                _rows(b, ctx, b.mul(tt, i64(TILE)), TILE)
-            with for_range(b, b.mul(ntile, i64(TILE)), m) as t0:
-                _rows(b, ctx, t0, 1)
+                rows(b, ctx, b.mul(tt, i64(tile)), tile)
+            with for_range(b, b.mul(ntile, i64(tile)), m) as t0:
+                rows(b, ctx, t0, 1)
 
 
 def _rows(b, ctx, t0, count):

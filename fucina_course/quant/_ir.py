@@ -167,6 +167,68 @@ def dot4(builder, level, acc, u8, s8):
     return s if acc is None else builder.add(acc, s)
 
 
+# True: the aarch64 levels' `sdot` and `smmla` as plain IR, so that their kernels
+# compile for x86 and run there (tests/test_quant_aarch64.py checks them against the
+# VNNI levels bit for bit on this machine; qemu checks the real instructions)
+PORTABLE_ARM = False
+
+
+def sdot(builder, level, acc, q, x):
+    """acc <n/4 x i32> (None: zero) + the sum of each lane's 4 adjacent s8 x s8
+    products q x: the aarch64 levels' dot product, the lanes of x86's `dot4` with q
+    signed (no offsets: ARM multiplies signed by signed).  dotprod / i8mm: `sdot`
+    (llvm.aarch64.neon.sdot) per 16 bytes; neon: the same lanes in plain IR,
+    int16 products (`smull`) summed pairwise in int32 (|q x| <= 128 * 127)."""
+    n = q.type.count
+    if acc is None:
+        acc = ir.Constant(V(I32, n // 4), None)
+    if level == isa.NEON or PORTABLE_ARM:
+        p = builder.sext(builder.mul(builder.sext(q, V(I16, n)),
+                                     builder.sext(x, V(I16, n))), V(I32, n))
+        p = _add_picks(builder, p, p, range(0, n, 2), range(1, n, 2))
+        p = _add_picks(builder, p, p, range(0, n // 2, 2), range(1, n // 2, 2))
+        return builder.add(acc, p)
+    assert isa.is_arm(level), level
+    parts = []
+    for k in range(n // 16):
+        qk, xk = (shuffle(builder, v, v, range(16 * k, 16 * k + 16)) for v in (q, x))
+        ak = shuffle(builder, acc, acc, range(4 * k, 4 * k + 4)) if n > 16 else acc
+        parts.append(call(builder, "llvm.aarch64.neon.sdot.v4i32.v16i8", V(I32, 4),
+                          ak, qk, xk))
+    return concat(builder, parts)
+
+
+def smmla(builder, acc, a, c):
+    """<4 x i32> acc + the 2x2 int32 products of two 2x8 byte matrices (signed):
+    lane 2i + j += row i of a (bytes 8i .. 8i+7) . row j of c (`smmla`, i8mm)."""
+    if PORTABLE_ARM:
+        r = range(8)
+        a32 = builder.sext(shuffle(builder, a, a, [*r, *r, *range(8, 16), *range(8, 16)]),
+                           V(I32, 32))
+        c32 = builder.sext(shuffle(builder, c, c, [*r, *range(8, 16)] * 2), V(I32, 32))
+        p = builder.mul(a32, c32)
+        for _ in range(3):                      # 8 products per lane, pairwise
+            n = p.type.count
+            p = _add_picks(builder, p, p, range(0, n, 2), range(1, n, 2))
+        return builder.add(acc, p)
+    return call(builder, "llvm.aarch64.neon.smmla.v4i32.v16i8", V(I32, 4), acc, a, c)
+
+
+def concat(builder, parts):
+    """The vectors `parts` (all of one type) joined end to end."""
+    while len(parts) > 1:
+        n = parts[0].type.count
+        parts = [shuffle(builder, parts[i], parts[i + 1], range(2 * n))
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
+
+
+def dpwssd_ir(builder, acc, a16, b16):
+    """acc + pairs of s16 x s16 products per lane, vpdpwssd's result in plain IR (the
+    aarch64 levels: `smlal`, pairwise adds)."""
+    return builder.add(acc, madd(builder, isa.GENERIC, a16, b16))
+
+
 def maddubs(builder, level, u8, s8):
     """<n/2 x i16>: the sum of each pair of adjacent u8 x s8 products: vpmaddubsw
     (saturating; the callers keep the pairs within int16); at the generic level,
@@ -178,8 +240,9 @@ def maddubs(builder, level, u8, s8):
 
 def madd(builder, level, a16, b16):
     """<n/2 x i32>: the sum of each pair of adjacent s16 x s16 products: vpmaddwd on
-    x86, in plain IR at the generic level (the pattern LLVM selects vpmaddwd for)."""
-    if level != isa.GENERIC:
+    x86, in plain IR at the generic level (the pattern LLVM selects vpmaddwd for) and
+    the aarch64 levels (`smull` / `smlal` and pairwise adds)."""
+    if level != isa.GENERIC and not isa.is_arm(level):
         return pmaddwd(builder, a16, b16)
     n = a16.type.count // 2 if a16.type.element == I16 else a16.type.count
     a16 = builder.bitcast(a16, V(I16, 2 * n))
@@ -226,6 +289,14 @@ def packssdw_host(b, a, c):
     if _x86_host(b):
         return by_halves(b, lambda x, y: call(b, "llvm.x86.sse2.packssdw.128",
                                               V(I16, 8), x, y), a, c)
+    return pack_words(b, a, c)
+
+
+def pack_words(b, a, c):
+    """<16 x i16>: two <8 x i32> as words in vpackssdw's order (per 128-bit half 4 of
+    a's lanes, then 4 of c's), by truncation: exact for lanes that fit int16, as the
+    callers' do.  Plain IR (`uzp1` on aarch64): the generic level off x86 and the
+    aarch64 levels, which must order their words as the VNNI levels do."""
     a16, c16 = b.trunc(a, V(I16, 8)), b.trunc(c, V(I16, 8))
     return shuffle(b, a16, c16, [0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
 

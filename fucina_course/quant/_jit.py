@@ -122,16 +122,21 @@ def _optimize(text: str, tm):
     return llmod
 
 
-def assembly_for(mod: ir.Module, triple: str, cpu: str, features: str = "") -> str:
+def assembly_for(mod: ir.Module, triple: str, cpu: str, features: str = "",
+                 tune: str | None = None) -> str:
     """The assembly of `mod` optimized and compiled for another target: a CPU model of
     any architecture LLVM knows (tests/test_quant.py's portability checks,
     bench/mca_prefill.py's ARM models).  `mod`'s triple should be `triple`: the IR
-    helpers choose x86 intrinsics by it (_ir.madd_host)."""
+    helpers choose x86 intrinsics by it (_ir.madd_host).  `tune`: a CPU whose
+    scheduling every function gets, as `_optimized` does for this machine's."""
     ll.initialize_all_targets()
     ll.initialize_all_asmprinters()
     tm = ll.Target.from_triple(triple).create_target_machine(cpu=cpu, features=features,
                                                              opt=3)
-    return tm.emit_assembly(_optimize(str(mod), tm))
+    text = str(mod)
+    if tune is not None:
+        text = text.replace(") nounwind\n{", f') nounwind "tune-cpu"="{tune}"\n{{')
+    return tm.emit_assembly(_optimize(text, tm))
 
 
 def compile_module(mod: ir.Module, level: str) -> bytes:

@@ -115,7 +115,8 @@ def _formats(*records: BlockFormat) -> dict[T, BlockFormat]:
 
 
 def _int_kernels(blas_vnni: int, blas_avx2: int):
-    """Integer kernels at the three x86 levels and at generic, and their
+    """Integer kernels at the three x86 levels, the three aarch64 ones and generic,
+    and their
     tiles' BLAS crossovers: `blas_vnni` rows at avx512vnni, `blas_avx2` at avx2 and
     avxvnni (avx2's until measured).
 
@@ -126,10 +127,10 @@ def _int_kernels(blas_vnni: int, blas_avx2: int):
     512.  The generic level: every quantized format, whose IR kernels on int16
     activations beat the float ones (_int_matvec.py,
     docs/BENCHMARKS.md#generic-ir-kernels)."""
-    x86 = (isa.AVX512VNNI, isa.AVXVNNI, isa.AVX2)
-    return FormatKernels(x86 + (isa.GENERIC,),
+    arm = dict.fromkeys(isa.ARM, blas_avx2)       # not measured: packed GEMM from 16
+    return FormatKernels(isa.X86 + isa.ARM + (isa.GENERIC,),
                          {isa.AVX512VNNI: blas_vnni, isa.AVXVNNI: blas_avx2,
-                          isa.AVX2: blas_avx2})
+                          isa.AVX2: blas_avx2, **arm})
 
 
 FORMATS: dict[T, BlockFormat] = _formats(

@@ -7,7 +7,22 @@ A *level* names a family of kernels, best first:
 | avx512vnni | `vpdpbusd` on zmm / ymm (EVEX) | Intel Ice Lake+ (servers), Zen 4+ |
 | avxvnni | `{vex} vpdpbusd` on ymm | Intel Alder Lake+ (most laptops since 2021) |
 | avx2 | `vpmaddubsw` + `vpmaddwd` on ymm | Haswell+, every Zen |
-| generic | none: portable IR or float loops | anything numba runs on (ARM, Apple) |
+| i8mm | `smmla` (2x8 by 8x2 bytes) in prefill, `sdot` elsewhere | Apple M2+, Neoverse V1+ / Graviton3+ |
+| dotprod | `sdot` (4 s8 x s8 products per int32 lane) | Apple M1, Neoverse N1 / Graviton2, Cortex-A76+ (Raspberry Pi 5) |
+| neon | none: `sdot`'s lanes in portable IR (`smull`, pairwise adds) | every 64-bit ARM |
+| generic | none: portable IR or float loops | anything numba runs on |
+
+Two families, one per architecture: the x86 levels (`X86`) and the aarch64 ones (`ARM`);
+a process uses the family of the target numba compiles for (`ARCH`, from LLVM's process
+triple) and "generic".  The aarch64 levels compute the same int32 lanes as the VNNI levels
+(4 adjacent products each; ARM multiplies signed by signed, so the quants stay signed and
+no offsets are needed) and do the same float operations on them, so their results equal
+avx512vnni's and avxvnni's bit for bit (the packed GEMM's equal every level's), and one set
+of golden files serves both architectures (scripts/test_aarch64.sh checks it under qemu).
+"neon" is not the generic level compiled for ARM: the generic kernels group their int16
+products differently (`_ir.madd_host`), which changes the float sums in the last bits.
+On aarch64 the features come from LLVM's host string (Linux: /proc/cpuinfo's `asimddp`,
+`i8mm`), and on macOS, whose string may lack them, from `sysctl hw.optional.arm.FEAT_*`.
 
 The three x86 levels are integer kernels written in LLVM IR (_int_matvec.py,
 _int_matmul.py) and compiled by LLVM for the level's features only (`target`, _jit.py):
@@ -25,8 +40,9 @@ float kernels of matvec.py.
 
 The choice is made once, at import: the best level whose `NEEDED` features are all in
 the feature string numba compiles for (the host's, or NUMBA_CPU_FEATURES).
-FUCINA_SIMD=avx512vnni|avxvnni|avx2|generic caps it (a level this CPU lacks gives the
-best one below it, with a warning); FUCINA_NO_VNNI=1 is the older spelling of "no VNNI
+FUCINA_SIMD=avx512vnni|avxvnni|avx2|i8mm|dotprod|neon|generic caps it (a level this
+CPU lacks gives the best one below it, with a warning; a level of the other
+architecture's family gives generic); FUCINA_NO_VNNI=1 is the older spelling of "no VNNI
 instruction", i.e. avx2 where the CPU has it.  `level` may be reassigned at run time
 (tests, benchmarks); a level outside `USABLE` dispatches the generic kernels, never an
 instruction the CPU lacks.  The dispatch tables (matvec.KERNELS, matmul.KERNELS) are
@@ -39,6 +55,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 import warnings
 
 import llvmlite.binding as ll
@@ -48,9 +65,43 @@ from numba.core.codegen import get_host_cpu_features
 AVX512VNNI = "avx512vnni"
 AVXVNNI = "avxvnni"
 AVX2 = "avx2"
+I8MM = "i8mm"
+DOTPROD = "dotprod"
+NEON = "neon"
 GENERIC = "generic"
 FLOAT = GENERIC          # the generic level's name before the integer levels for AVX2
-LEVELS: tuple[str, ...] = (AVX512VNNI, AVXVNNI, AVX2, GENERIC)   # best first
+X86: tuple[str, ...] = (AVX512VNNI, AVXVNNI, AVX2)       # each family best first
+ARM: tuple[str, ...] = (I8MM, DOTPROD, NEON)
+FAMILIES: dict[str, tuple[str, ...]] = {"x86_64": X86, "aarch64": ARM}
+ALL_LEVELS: tuple[str, ...] = X86 + ARM + (GENERIC,)
+# an LLVM triple for each family, to build and compile its kernels on another machine
+# (tests, bench/mca_prefill.py)
+TRIPLES = {"x86_64": "x86_64-unknown-linux-gnu", "aarch64": "aarch64-unknown-linux-gnu"}
+
+
+def arch_of(triple: str) -> str:
+    """"x86_64", "aarch64" or the triple's first part, for an LLVM target triple."""
+    first = str(triple).split("-")[0].lower()
+    if first in ("x86_64", "amd64"):
+        return "x86_64"
+    if first in ("aarch64", "arm64", "aarch64_be"):
+        return "aarch64"
+    return first
+
+
+def family(level: str) -> str | None:
+    """The architecture whose family has `level` (None: generic, anywhere)."""
+    return next((arch for arch, levels in FAMILIES.items() if level in levels), None)
+
+
+def is_arm(level: str) -> bool:
+    """True for the aarch64 levels (neon, dotprod, i8mm)."""
+    return level in ARM
+
+
+# the architecture numba compiles for, and this process's levels, best first
+ARCH = arch_of(ll.get_process_triple())
+LEVELS: tuple[str, ...] = FAMILIES.get(ARCH, ()) + (GENERIC,)
 
 # The x86-64-v3 set (Haswell, every Zen): what the avx2 kernels are compiled for.
 _V3 = ("sse4.2", "ssse3", "popcnt", "avx", "avx2", "fma", "f16c", "bmi", "bmi2")
@@ -62,6 +113,11 @@ NEEDED: dict[str, frozenset[str]] = {
                                  "avx512vnni")),
     AVXVNNI: frozenset(_V3 + ("avxvnni",)),
     AVX2: frozenset(_V3),
+    # aarch64: AdvSIMD, then the dot product (ARMv8.2's FEAT_DotProd, ARMv8.4+) and the
+    # int8 matrix multiply (FEAT_I8MM, ARMv8.6+) that llama.cpp's repack kernels use
+    NEON: frozenset(("neon",)),
+    DOTPROD: frozenset(("neon", "dotprod")),
+    I8MM: frozenset(("neon", "dotprod", "i8mm")),
     GENERIC: frozenset(),
 }
 NEEDED_FEATURES = NEEDED   # the older name
@@ -80,7 +136,19 @@ def target(level: str) -> tuple[str, str, str]:
     if level == GENERIC:            # portable IR: compiled as numba compiles its code
         return numba_cpu_name(), numba_cpu_features(), numba_cpu_name()
     features = ",".join("+" + f for f in sorted(NEEDED[level]))
+    if is_arm(level):               # aarch64: LLVM's baseline CPU, "generic"
+        tune = numba_cpu_name() if ARCH == "aarch64" else "generic"
+        return "generic", features, tune
     return "x86-64", features, numba_cpu_name()
+
+
+def triple(level: str) -> str:
+    """The LLVM target triple `level`'s kernels are compiled for: this process's own
+    for its family (and generic), else the other family's (`TRIPLES`)."""
+    arch = family(level)
+    if arch is None or arch == ARCH:
+        return ll.get_process_triple()
+    return TRIPLES[arch]
 
 
 def native_half(features: str, arch: str) -> bool:
@@ -94,10 +162,67 @@ def native_half(features: str, arch: str) -> bool:
 
 
 def numba_cpu_features() -> str:
-    """The LLVM feature string numba compiles for: NUMBA_CPU_FEATURES or the host's."""
+    """The LLVM feature string numba compiles for: NUMBA_CPU_FEATURES or the host's
+    (on aarch64 completed by `arm_host_features`)."""
     if config.CPU_FEATURES is not None:
         return str(config.CPU_FEATURES)
-    return str(get_host_cpu_features())
+    features = str(get_host_cpu_features())
+    if ARCH == "aarch64":
+        features = arm_host_features(features)
+    return features
+
+
+# macOS names of the aarch64 features the levels need (sysctl hw.optional.arm.<name>),
+# and Linux's (/proc/cpuinfo "Features")
+_DARWIN_FEATURES = {"dotprod": "FEAT_DotProd", "i8mm": "FEAT_I8MM"}
+_LINUX_FEATURES = {"dotprod": "asimddp", "i8mm": "i8mm"}
+
+
+def arm_host_features(features: str, system: str | None = None, sysctl=None,
+                      cpuinfo: str | None = None) -> str:
+    """An aarch64 host's LLVM feature string with what the levels need added when the
+    host has it but the string does not say so: "+neon" (AdvSIMD, in every aarch64
+    CPU Linux and macOS run on), and "+dotprod" / "+i8mm" from `sysctl
+    hw.optional.arm.FEAT_DotProd / FEAT_I8MM` on macOS (older LLVMs return nothing
+    there) or /proc/cpuinfo's Features `asimddp` / `i8mm` on Linux (`cpuinfo`: its
+    text, tests).  Why the latter: the LLVM 22 of llvmlite 0.50 left both out under
+    qemu's `-cpu max`, whose cpuinfo lists them (scripts/test_aarch64.sh, 2026-12-05).
+    A feature the string turns off ("-i8mm") stays off."""
+    system = platform.system() if system is None else system
+    sysctl = _sysctl if sysctl is None else sysctl
+    parts = [f for f in features.split(",") if f]
+    named = {f[1:] for f in parts}
+    add = [] if "neon" in named else ["neon"]
+    if system == "Darwin":
+        add += [f for f, key in _DARWIN_FEATURES.items()
+                if f not in named and sysctl(f"hw.optional.arm.{key}") == "1"]
+    elif system == "Linux":
+        text = _proc_cpuinfo() if cpuinfo is None else cpuinfo
+        line = next((ln for ln in text.splitlines() if ln.lower().startswith("features")),
+                    "")
+        have = set(line.partition(":")[2].split())
+        add += [f for f, key in _LINUX_FEATURES.items()
+                if f not in named and key in have]
+    return ",".join(parts + ["+" + f for f in add])
+
+
+def _proc_cpuinfo() -> str:
+    """/proc/cpuinfo's text, or "" (read at import: before the readers below)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _sysctl(name: str) -> str:
+    """`sysctl -n name` (macOS), or "" if it fails."""
+    try:
+        out = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True,
+                             timeout=5)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
 
 
 def usable(level: str, features: str) -> bool:
@@ -114,18 +239,22 @@ def requested(env=os.environ) -> str:
     """The level FUCINA_SIMD (or FUCINA_NO_VNNI=1) asks for; the best one if neither."""
     name = env.get("FUCINA_SIMD", "").strip().lower()
     if name:
-        if name not in LEVELS:
+        if name not in ALL_LEVELS:
             raise ValueError(f"FUCINA_SIMD={name!r}: expected one of "
-                             f"{', '.join(LEVELS)}")
+                             f"{', '.join(ALL_LEVELS)}")
         return name
     if env.get("FUCINA_NO_VNNI", "") not in ("", "0"):
-        return AVX2
+        return AVX2 if ARCH == "x86_64" else LEVELS[0]
     return LEVELS[0]
 
 
-def usable_levels(features: str, cap: str) -> tuple[str, ...]:
-    """The levels at or below `cap` that a CPU with `features` runs, best first."""
-    return tuple(lv for lv in LEVELS[LEVELS.index(cap):] if usable(lv, features))
+def usable_levels(features: str, cap: str, arch: str | None = None) -> tuple[str, ...]:
+    """The levels at or below `cap` that a CPU of `arch` (default: this process's)
+    with `features` runs, best first: its family's and generic.  A cap from another
+    family leaves generic alone."""
+    levels = FAMILIES.get(ARCH if arch is None else arch, ()) + (GENERIC,)
+    below = levels[levels.index(cap):] if cap in levels else (GENERIC,)
+    return tuple(lv for lv in below if usable(lv, features))
 
 
 # The levels this process may run, best first (always ends with GENERIC).
@@ -181,11 +310,7 @@ def _cpuinfo_fields(text: str) -> dict[str, str]:
 
 
 def _read_cpuinfo() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            return f.read()
-    except OSError:
-        return ""
+    return _proc_cpuinfo()
 
 
 def cpu_name(text: str | None = None) -> str:
