@@ -46,9 +46,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = [sys.executable, str(ROOT / "scripts" / "in_memory_limit.py")]
 PY = sys.executable
-# llama-bench's loads: as it loads by default (mmap on, CPU repack), and with the
-# weights left in the map if this llama-bench has a switch for it
-LLAMA_BENCH_LOADS: tuple[tuple[str, list[str]], ...] = (("on", []),)
+# llama-bench's loads, as the binding's: the weights left in the map (`--repack 0`), and
+# as it loads by default (mmap on, CPU repack)
+LLAMA_BENCH_LOADS: tuple[tuple[str, list[str]], ...] = (
+    ("off", ["-lm", "mmap", "--repack", "0"]), ("on", ["-lm", "mmap"]))
 
 LLAMA = r"""
 import sys, time
