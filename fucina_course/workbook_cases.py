@@ -85,6 +85,8 @@ def _(course, fx):
         assert level.startswith("AVX-512"), f"level {level!r}: the CPU has avx512f"
     elif {"avx2", "fma"} <= flags:
         assert level.startswith("AVX2"), f"level {level!r}: the CPU has avx2 and fma"
+    elif "asimd" in flags:
+        assert level.startswith("NEON"), f"level {level!r}: the CPU has asimd (NEON)"
 
 
 @check("machine", "machine_label")

@@ -59,5 +59,8 @@ def test_cpu_name_and_flags_from_cpuinfo():
     assert cpu_flags(text) == {"fpu", "avx2", "fma"}
     assert cpu_name("") == "?" and cpu_flags("") == frozenset()
     assert cpu_name("garbage\x00") == "?"
+    # 64-bit ARM Linux calls them Features (a Raspberry Pi 5's, shortened)
+    arm = "processor\t: 0\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd aes asimddp\n\n"
+    assert cpu_flags(arm) == {"fp", "asimd", "aes", "asimddp"}
     # this machine: whatever it is, a non-empty name, and flags on x86 Linux
     assert cpu_name() and isinstance(cpu_flags(), frozenset)

@@ -19,7 +19,7 @@ def cpu_description() -> tuple[str, str]:
                 key, _, value = line.partition(":")
                 if key.strip() == "model name" and not name:
                     name = value.strip()
-                elif key.strip() == "flags" and not flags:
+                elif key.strip() in ("flags", "Features") and not flags:  # x86, ARM
                     flags = set(value.split())
     except OSError:
         pass
@@ -34,6 +34,12 @@ def cpu_description() -> tuple[str, str]:
         level = "AVX2 + FMA"
     elif "avx" in flags:
         level = "AVX"
+    elif "asimd" in flags:              # 64-bit ARM: 128-bit NEON vectors, and maybe
+        level = "NEON"                  # its 8-bit integer dot products and matmul
+        if "asimddp" in flags:
+            level += " + dot product"
+        if "i8mm" in flags:
+            level += " + int8 matrix multiply"
     else:
         level = f"{platform.machine() or 'this architecture'}, no AVX"
     return name, level
