@@ -322,7 +322,7 @@ def cpu_name(text: str | None = None) -> str:
 
 def cpu_flags(text: str | None = None) -> frozenset[str]:
     """The first processor's cpuinfo flags: x86's "flags", ARM's "Features" (empty
-where there is no /proc/cpuinfo)."""
+    where there is no /proc/cpuinfo)."""
     fields = _cpuinfo_fields(_read_cpuinfo() if text is None else text)
     return frozenset((fields.get("flags") or fields.get("features", "")).split())
 
