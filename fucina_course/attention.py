@@ -40,7 +40,8 @@ from numba import njit, prange
 
 from .kv_cache import KvCache, KvView
 from .ops import expf
-from .quant._intrinsics import block16_max, f16_to_f32, f32_to_f16_bits
+from .quant._intrinsics import (block16_max, f16_to_f32, f32_to_f16_bits,
+                                lanes32_dot_f16, lanes32_sum_f64)
 from .tape import call
 
 
@@ -197,14 +198,28 @@ def _softmax_f16(row, count, scale):  # pragma: no cover - compiled
         row[j] = f16_to_f32(f32_to_f16_bits(row[j] * inv))
 
 
-@njit(cache=True, fastmath={"reassoc"})
+# One order: every float sum of the decode kernel has one, whatever the SIMD width:
+# 32 lane sums (lane l adds elements l, l + 32, l + 64, ... in order) combined in a
+# fixed tree, written as explicit `<32 x float>` IR (quant/_intrinsics.py) that LLVM
+# splits into 512-bit AVX-512, 256-bit AVX2 or 128-bit NEON registers without
+# reordering a single add.  With `reassoc` LLVM chose its own partial sums, one set per
+# vector width: q . k, the softmax sums and so a greedy SmolLM2 generation differed
+# between x86 and aarch64 (qemu, scripts/test_aarch64.sh).  Numba loops over a 32-float
+# accumulator without `reassoc` were the same order but kept it in memory: the decode
+# kernel ran 2.2x slower.
+
+
+@njit(cache=True)
 def _sum_f64(row, count):  # pragma: no cover - compiled
-    """sum(row[:count]) in float64, additions free to reassociate, so that LLVM keeps
-    vector partial sums.  ggml adds each vector's floats in float32, then those in
-    float64 (the grouping differs with its SIMD width); in float64 any order moves the
-    total by ~1e-16 of itself, which the float32 reciprocal rarely sees."""
-    total = 0.0
-    for j in range(count):
+    """sum(row[:count]) in float64, in 32 lane sums (`lanes32_sum_f64`; 'One order').
+    ggml adds each vector's floats in float32, then those in float64 (the grouping
+    differs with its SIMD width); in float64 any order moves the total by ~1e-16 of
+    itself, which the float32 reciprocal rarely sees -- rarely is not never, hence one
+    order.  A strictly ordered sum does not vectorize (the softmax of 2M scores took
+    8.6 ms against 5.5, one thread)."""
+    full = count - count % 32
+    total = lanes32_sum_f64(row, full // 32)
+    for j in range(full, count):
         total += row[j]
     return total
 
@@ -249,14 +264,18 @@ def _by_kv_head_f16(x, out):  # pragma: no cover - compiled
                 dst[c] = f16_to_f32(f32_to_f16_bits(src[c]))
 
 
-@njit(cache=True, fastmath={"reassoc"})
+@njit(inline="always")
 def _dot_f16(qh, k_bits, t, kv):  # pragma: no cover - compiled
-    """q . k_t for one cached key, additions free to reassociate (only that: no FMA, no
-    other fast math), so LLVM keeps vector partial sums.  16 heads x 1024 positions x
-    128, one thread: 2.5 ms strict left-to-right, 1.25 ms with this."""
-    s = np.float32(0.0)
-    for j in range(qh.shape[0]):
-        s += qh[j] * f16_to_f32(k_bits[t, kv, j])
+    """q . k_t for one cached key in 32 lane sums (`lanes32_dot_f16`; 'One order'),
+    products rounded before the add (no FMA), as before.  16 heads x 1024 positions x
+    128, one thread: 2.5 ms strictly left to right; 1.25 ms with `reassoc` (LLVM's own
+    partial sums: a different sum per SIMD width)."""
+    d = qh.shape[0]
+    krow = k_bits[t, kv]                                                  # [d] f16 bits
+    full = d - d % 32
+    s = lanes32_dot_f16(qh, krow, full // 32)
+    for j in range(full, d):
+        s += qh[j] * f16_to_f32(krow[j])
     return s
 
 

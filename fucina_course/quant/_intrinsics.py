@@ -1,4 +1,4 @@
-"""Eight tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
+"""Ten tiny LLVM intrinsics the kernels need and numba does not offer on the CPU.
 
 * `f16_to_f32(bits)` / `f32_to_f16_bits(x)`: IEEE half <-> single conversion.  numba
   cannot take `float16` arrays in CPU kernels, so the kernels read a half as two bytes
@@ -25,6 +25,16 @@
   (`llvm.vector.reduce.fmax`, then `llvm.maxnum`; a NaN is skipped, as maxnum does).
   The softmax's row maximum (attention.py): numba's `max` in a loop is a chain of
   scalar maxima, one after the other, which no flag let LLVM vectorize.
+
+* `lanes32_dot_f16(x, w, n)` / `lanes32_sum_f64(x, n)`: a dot product of float32 x
+  and half w, and a float64 sum of float32 x, over 32 n values in one order whatever
+  the SIMD width: a `<32 x float>` (`<32 x double>`) accumulator, lane l adding values
+  l, l + 32, ... in order, then a fixed tree (`tree_sum32`); plain fmul / fadd, no
+  fast-math flags, so LLVM splits the vectors into its registers but reorders nothing.
+  attention.py's decode kernel: written as numba loops the sums needed `reassoc` to
+  vectorize, and then LLVM picked its partial sums per vector width (x86 and aarch64
+  differed); a numba 32-float accumulator without `reassoc` stayed in memory and ran
+  the kernel 2.2x slower; these run it as fast as `reassoc` did (x86).
 
 `tests/test_quant.py` checks the two conversions exhaustively (all 65,536 halves)
 against numpy.
@@ -210,5 +220,93 @@ def block16_max(typingctx, x, o, top):
         maxnum = _llvm_function(builder, "llvm.maxnum.f32", _F32, [_F32, _F32])
         block = builder.call(fmax, [builder.load(p, align=4)])
         return builder.call(maxnum, [args[2], block])
+
+    return sig, codegen
+
+
+_V32H = ir.VectorType(ir.HalfType(), 32)
+_V32S = ir.VectorType(_I16, 32)
+_V32D = ir.VectorType(ir.DoubleType(), 32)
+
+
+def _halves(builder, v, n: int):
+    """(v[:n], v[n:2n]) of a 2n-lane vector."""
+    undef = ir.Constant(v.type, ir.Undefined)
+    lo = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, n),
+                                                      list(range(n))))
+    hi = builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(_I32, n),
+                                                      list(range(n, 2 * n))))
+    return lo, hi
+
+
+def tree_sum32(builder, v):
+    """The float lanes of `<32 x float>` v summed in one fixed order: halves added
+    lane-wise (32 -> 16 -> 8 -> 4 -> 2), then lane 0 + lane 1; plain `fadd`s, so LLVM
+    may not reorder them on any target (the order AVX-512 reduces two zmm in)."""
+    for n in (16, 8, 4, 2):
+        lo, hi = _halves(builder, v, n)
+        v = builder.fadd(lo, hi)
+    return builder.fadd(builder.extract_element(v, ir.Constant(_I32, 0)),
+                        builder.extract_element(v, ir.Constant(_I32, 1)))
+
+
+def _lanes32(context, builder, sig, args, body, zero):
+    """Accumulate body(i) (a 32-lane vector for block i) over blocks 0..n-1 lane-wise,
+    in order, then `tree_sum32`: the lane accumulator lives in registers."""
+    from numba.core import cgutils
+    n = args[-1]
+    acc = cgutils.alloca_once_value(builder, zero)
+    with cgutils.for_range(builder, n) as loop:
+        builder.store(builder.fadd(builder.load(acc), body(loop.index)), acc)
+    return tree_sum32(builder, builder.load(acc))
+
+
+@intrinsic
+def lanes32_dot_f16(typingctx, x, w, n):
+    """sum_j x[j] * half(w[j]), j < 32 n: x float32, w uint16 (IEEE half bits), 1-D and
+    contiguous.  Lane l adds the products l, l + 32, ... in order (float32 `fmul` and
+    `fadd`: no FMA), then `tree_sum32`."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32
+            and isinstance(w, types.Array) and w.ndim == 1 and w.dtype == types.uint16
+            and x.layout == "C" and w.layout == "C" and isinstance(n, types.Integer)):
+        return None
+    sig = types.float32(x, w, n)
+
+    def codegen(context, builder, signature, args):
+        xa = context.make_array(signature.args[0])(context, builder, args[0])
+        wa = context.make_array(signature.args[1])(context, builder, args[1])
+
+        def body(i):
+            o = builder.mul(i, ir.Constant(i.type, 32))
+            px = builder.bitcast(builder.gep(xa.data, [o]), _V32F.as_pointer())
+            pw = builder.bitcast(builder.gep(wa.data, [o]), _V32S.as_pointer())
+            wf = builder.fpext(builder.bitcast(builder.load(pw, align=2), _V32H), _V32F)
+            return builder.fmul(builder.load(px, align=4), wf)
+
+        return _lanes32(context, builder, signature, args, body,
+                        ir.Constant(_V32F, [0.0] * 32))
+
+    return sig, codegen
+
+
+@intrinsic
+def lanes32_sum_f64(typingctx, x, n):
+    """sum_j x[j], j < 32 n, in float64: x float32, 1-D, contiguous.  Lane l adds the
+    values l, l + 32, ... in order, then `tree_sum32` (in float64)."""
+    if not (isinstance(x, types.Array) and x.ndim == 1 and x.dtype == types.float32
+            and x.layout == "C" and isinstance(n, types.Integer)):
+        return None
+    sig = types.float64(x, n)
+
+    def codegen(context, builder, signature, args):
+        xa = context.make_array(signature.args[0])(context, builder, args[0])
+
+        def body(i):
+            o = builder.mul(i, ir.Constant(i.type, 32))
+            px = builder.bitcast(builder.gep(xa.data, [o]), _V32F.as_pointer())
+            return builder.fpext(builder.load(px, align=4), _V32D)
+
+        return _lanes32(context, builder, signature, args, body,
+                        ir.Constant(_V32D, [0.0] * 32))
 
     return sig, codegen

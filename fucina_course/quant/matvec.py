@@ -77,6 +77,12 @@ from .matrix import MultiMatrix  # noqa: E402
 ROWS = 16          # output rows per parallel chunk
 PREFETCH = 2048    # bytes ahead in the weight stream
 _FM = {"contract", "reassoc", "nsz"}  # FMA, re-associated 32-lane sum; keeps inf / nan
+# F16 / BF16 / F32: no `reassoc`, so that the row's sum has one order on every SIMD width
+# (lane j accumulates in order, then `_lane_sum`'s fixed tree).  With it LLVM reduced
+# the 32 lanes in its own order per vector width: x86 (AVX-512) and aarch64 (NEON,
+# qemu) differed by ~1.5e-7 relative (scripts/test_aarch64.sh).  The lane loop needs
+# no `reassoc` to vectorize (its lanes are independent); FMA stays (both have it).
+_FM_ORDERED = {"contract", "nsz"}
 # lane j tests bit j of qh with a constant mask: per-lane variable shifts ran at
 # 6.1 GB/s, the mask at 9.2-9.8 (Q5_0 sweep, docs/BENCHMARKS.md#float-kernels)
 _BIT = (1 << np.arange(32, dtype=np.uint64)).astype(np.uint32)
@@ -98,10 +104,17 @@ def _high16(qh, bit):
 
 @njit(inline="always")
 def _lane_sum(acc):
-    t = np.float32(0.0)
-    for j in range(32):
-        t += acc[j]
-    return t
+    """acc[0] + ... + acc[31] as a fixed tree (halves added lane-wise: 16, 8, 4, 2, then
+    lane 0 + lane 1), the order AVX-512 reduces two 16-float registers in; one order on
+    every CPU in the kernels compiled without `reassoc` (_FM_ORDERED).  Overwrites
+    acc."""
+    for j in range(16):
+        acc[j] += acc[j + 16]
+    for j in range(8):
+        acc[j] += acc[j + 8]
+    for j in range(4):
+        acc[j] += acc[j + 4]
+    return (acc[0] + acc[2]) + (acc[1] + acc[3])
 
 
 @njit(inline="always")
@@ -401,7 +414,7 @@ def _mv_q6_k(w, wf, xq, xd, xs, y):
 # --- float weights --------------------------------------------------------------------
 
 @registers("float_matvec", T.F16)
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True, fastmath=_FM_ORDERED, cache=True)
 def _mv_f16(w16, wf, x, y):
     """w16 uint16[n_out, n_in] (IEEE halves); x already rounded to f16 as ggml does."""
     n_out, n_in = w16.shape
@@ -427,7 +440,7 @@ def _bf16(u16):
 
 
 @registers("float_matvec", T.BF16)
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True, fastmath=_FM_ORDERED, cache=True)
 def _mv_bf16(w16, wf, x, y):
     """w16 uint16[n_out, n_in] (bfloat16 bits); x already rounded to bf16."""
     n_out, n_in = w16.shape
@@ -448,7 +461,7 @@ def _mv_bf16(w16, wf, x, y):
 
 
 @registers("float_matvec", T.F32)
-@njit(parallel=True, fastmath=_FM, cache=True)
+@njit(parallel=True, fastmath=_FM_ORDERED, cache=True)
 def _mv_f32(w32, wf, x, y):
     """w32 f32[n_out, n_in]."""
     n_out, n_in = w32.shape
