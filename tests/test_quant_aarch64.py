@@ -143,3 +143,18 @@ def test_arm_levels_equal_the_vnni_levels(t, level, portable_arm, monkeypatch):
     got = run()
     for i, (g, e) in enumerate(zip(got, want)):
         assert np.array_equal(g.view(np.uint32), e.view(np.uint32)), (t.name, level, i)
+
+
+def test_arm_packed_gemm_tiles_and_loads():
+    # the K-quants at i8mm run `sdot` in dotprod's layout, so with dotprod's 4 rows
+    # (2 rows halved the `sdot` per quant load, _int_packed.tile_rows); the Q8_0
+    # family's blocks and activations load by multi-register `ld1` (_ir.ld1x: the
+    # Cortex-A76 model's dispatch), and the generic level keeps LLVM's own loads
+    from fucina_course.quant import _int_packed as P
+    from gguf import GGMLQuantizationType as T
+    assert P.tile_rows(P._layout(T.Q4_K, isa.I8MM)) == P.ARM_TILE
+    assert P.tile_rows(P._layout(T.Q8_0, isa.I8MM)) == P.I8MM_TILE
+    assert P.tile_rows(P._layout(T.Q8_0, isa.DOTPROD)) == P.ARM_TILE
+    asm = arm_assembly(T.Q8_0, isa.DOTPROD)
+    packed = asm[asm.index("q8_0_dotprod_packed:"):]
+    assert re.search(r"\tld1\t\{ v\d+\.16b, v\d+\.16b, v\d+\.16b, v\d+\.16b \}", packed)

@@ -37,11 +37,13 @@ then halved its time (measured: docs/BENCHMARKS.md#packed-gemm-at-generic).
 
 The aarch64 levels run 4 lanes (a NEON register) per group: `sdot` in its indexed
 form, each of 4 activation bytes against a weight vector (`_Dot._sdot`), the weights
-signed (no offsets), 4 activation rows per pass (`ARM_TILE`: llvm-mca, Q8_0, 1.04-1.08x
-llama.cpp's `ggml_gemm_q8_0_4x4_q8_0` on Apple M1, Neoverse N1 / V1, 0.96x on
-Cortex-A76; 8 lanes or 8 rows spilled registers).  At i8mm the 32-element formats use
-`smmla` on two activation rows at a time (_int_smmla.py); the K-quants run `sdot` as
-at dotprod.
+signed (no offsets), 4 activation rows per pass (`ARM_TILE`: llvm-mca, Q8_0, 1.02-1.08x
+llama.cpp's `ggml_gemm_q8_0_4x4_q8_0` on Apple M1, Neoverse N1 / V1 and Cortex-A76
+with the Q8_0 family's loads as `ld1` (`_ir.ld1x`); Q4_K 1.21-1.46x its
+`ggml_gemm_q4_K_8x4_q8_K`; 8 lanes or 8 rows spilled registers).  At i8mm the
+32-element formats use `smmla` on two activation rows at a time (_int_smmla.py); the
+K-quants run `sdot` as at dotprod, 4 rows too (`tile_rows`; Q4_K: 1.13x llama.cpp's
+`smmla` kernel on Apple M2, 0.96x on Neoverse V1).
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -65,7 +67,7 @@ from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin
                           q4k_scales, unsigned_offset)
 from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
                   concat, const_vec, dpbusd, dpwssd, dpwssd_ir, fma, for_range, i64,
-                  load, load_f16, madd, madd_host, maddubs, pmaddwd, prefetch, sdot,
+                  ld1x, load, load_f16, madd, madd_host, maddubs, pmaddwd, prefetch, sdot,
                   shuffle, splat, x86_triple)
 from .formats import FORMATS
 
@@ -83,11 +85,16 @@ ARM_TILE = 4
 I8MM_TILE = 2
 
 
-def tile_rows(level) -> int:
-    """Activation rows per pass: TILE, or ARM_TILE on aarch64."""
-    if level == isa.I8MM:
+def tile_rows(lay) -> int:
+    """Activation rows per pass of layout `lay`: TILE, or ARM_TILE on aarch64, or
+    I8MM_TILE for the `smmla` layouts (`lay.mm`, _int_smmla.py).  The K-quants at
+    i8mm run `sdot` in dotprod's layout, so they take dotprod's 4 rows: with i8mm's 2
+    their sub-block loop loaded a block's 8 quant vectors for 2 rows' 16 `sdot`
+    instead of 4 rows' 32 (llvm-mca, Q4_K on Neoverse V1: 42.0 -> 42.4 MACs/cycle,
+    Apple M2 34.4 -> 34.7; the results do not depend on the tile)."""
+    if getattr(lay, "mm", False):
         return I8MM_TILE
-    return ARM_TILE if isa.is_arm(level) else TILE
+    return ARM_TILE if isa.is_arm(lay.level) else TILE
 
 
 # the repack prefetches the next group's weight rows (`_groups`); False builds the
@@ -261,11 +268,13 @@ class _Dot:
         """aarch64: the weights signed, each vector's 4-byte groups by 4 activation
         bytes: x loaded 16 bytes at a time and each group's lane splat into the
         operand, which LLVM folds into `sdot`'s indexed form (`sdot v.4s, v.16b,
-        v.4b[k]`, llama.cpp's `vdotq_laneq_s32`): no load per group."""
-        xv = None
+        v.4b[k]`, llama.cpp's `vdotq_laneq_s32`): no load per group.  A block's 32
+        bytes in one `ld1` of two registers (`ld1x`: why)."""
+        xvs = (ld1x(b, x, xo, 2, self.level) if len(quants) == 8      # 32 bytes
+               else [load(b, x, b.add(xo, i64(16 * j)), V(I8, 16))
+                     for j in range((len(quants) + 3) // 4)])
         for k, q in enumerate(quants):
-            if k % 4 == 0:
-                xv = load(b, x, b.add(xo, i64(4 * k)), V(I32, 4))
+            xv = b.bitcast(xvs[k // 4], V(I32, 4))
             xb = b.bitcast(shuffle(b, xv, xv, [k % 4] * 4), V(I8, 16))
             tot = sdot(b, self.level, tot, q, concat(b, [xb] * (q.type.count // 16)))
         return tot
@@ -357,7 +366,12 @@ class _Blk32:
         n = self.n
         fv = V(F32, n)
         qv = V(I16, 2 * n) if self.wide else V(I8, 4 * n)
-        quants = [_slot(b, scratch, b.add(base, i64(k)), qv) for k in range(self.nq)]
+        if self.dot.arm:                    # 8 slots of 16 bytes: two `ld1` (ld1x)
+            p = b.bitcast(b.gep(scratch, [base]), I8.as_pointer())
+            quants = [v for h in (0, 1) for v in ld1x(b, p, i64(64 * h), 4, self.level)]
+        else:
+            quants = [_slot(b, scratch, b.add(base, i64(k)), qv)
+                      for k in range(self.nq)]
         signs = ([_slot(b, scratch, b.add(base, i64(self.nq + k)), qv)
                   for k in range(self.nsign)] if self.nsign else None)
         dw = _slot(b, scratch, b.add(base, i64(self.dslot)), fv)
@@ -633,7 +647,7 @@ def _groups(b, lay, args, scratch, ngroup, partial):
                         prefetch(b, r, b.add(o, i64(line)))
             ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
                    b.add(col, rg), k0, nb, scratch, c, valid if partial else None)
-            tile = tile_rows(lay.level)
+            tile = tile_rows(lay)
             rows = _rows
             if getattr(lay, "mm", False):        # i8mm: rows in pairs (_int_smmla)
                 from ._int_smmla import pair_rows as rows

@@ -214,6 +214,28 @@ def smmla(builder, acc, a, c):
     return call(builder, "llvm.aarch64.neon.smmla.v4i32.v16i8", V(I32, 4), acc, a, c)
 
 
+def ld1x(builder, base, off, count, level):
+    """`count` (2 or 4) consecutive <16 x i8> at i8* `base` + i64 `off`, in one
+    multi-register `ld1 {v.16b, ...}` (llvm.aarch64.neon.ld1xN) at the aarch64
+    levels, plain loads with PORTABLE_ARM (or off ARM).  Why not LLVM's own `ldp q`
+    pairs: on the Cortex-A76 model (LLVM's Cortex-A57 one) an `ldp q` is 3-4 micro-ops
+    for 32 bytes, `ld1` of 2 registers 2 and of 4 registers 4-5, and that loop is
+    bound by the 3-wide dispatch: the Q8_0 packed GEMM's 93 micro-ops per iteration
+    (llama.cpp's: 89, its loads `ld1` of 4 registers) went to 89, 33.1 -> 31.1 cycles,
+    0.96x -> 1.02x llama.cpp on Cortex-A76, and Q4_K's 32.1 -> 28.4 (llvm-mca).
+    Neoverse N1 / V1 did not move; Apple M1's model, whose `ldp q` is cheap, went
+    1.04x -> 1.02x (16.1 -> 16.4 cycles): kept, every model above 1.0x."""
+    ty = V(I8, 16)
+    if PORTABLE_ARM or not isa.is_arm(level):
+        return [load(builder, base, builder.add(off, i64(16 * k)), ty)
+                for k in range(count)]
+    p = builder.gep(base, [off])
+    fn = _fn(builder, f"llvm.aarch64.neon.ld1x{count}.v16i8.p0i8",
+             ir.LiteralStructType([ty] * count), [I8P])
+    r = builder.call(fn, [p])
+    return [builder.extract_value(r, k) for k in range(count)]
+
+
 def concat(builder, parts):
     """The vectors `parts` (all of one type) joined end to end."""
     while len(parts) > 1:
