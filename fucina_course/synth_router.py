@@ -102,9 +102,14 @@ def skew_routers(path: str | Path, skew: float, seed: int = 0) -> None:
     steepness `skew` (module docstring); each layer gets its own order of experts."""
     from gguf import GGUFReader
 
+    from .families import FAMILIES
+    from .gguf_file import GGUFFile
+
+    arch = GGUFFile(path).get_str("general.architecture")
+    router = "." + FAMILIES[arch].tensor("router").name        # blk.N.<this>
+    k = GGUFFile(path).get_int(f"{arch}.expert_used_count")
     reader = GGUFReader(str(path), "r+")
-    routers = [t for t in reader.tensors if t.name.endswith("ffn_gate_inp.weight")]
-    k = int(reader.fields["qwen3moe.expert_used_count"].parts[-1][0])
+    routers = [t for t in reader.tensors if t.name.endswith(router)]
     rng = np.random.default_rng(seed)
     for t in routers:
         w = t.data                                                       # [E, hidden]

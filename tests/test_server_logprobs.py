@@ -117,16 +117,32 @@ def test_the_first_logprob_is_llama_cpps_log_softmax(server, model, coder_path):
     llm = llama_cpp.Llama(str(coder_path), n_ctx=len(ids) + 8, n_threads=2,
                           logits_all=True, verbose=False)
     llm.eval(ids)
-    row = np.array(llm.scores[len(ids) - 1], dtype=np.float64)       # [vocab]
-    theirs = row - row.max() - np.log(np.exp(row - row.max()).sum())
+    theirs = log_softmax(llm.scores[len(ids) - 1])                      # [vocab]
     spelled = model.tokenizer.token_bytes
     tid = int(np.argmax(theirs))
     assert spelled[tid].decode("utf-8", "replace") == first.token
     assert abs(first.logprob - theirs[tid]) < 0.05, (first.logprob, theirs[tid])
+    # The alternatives, at ~1/50 the probability, move with the last bits of the prefill
+    # (activations are quantized to 8 bits, which amplifies them): llama.cpp's own
+    # logprobs there differ by 0.18 between its batched and its one-token-at-a-time
+    # prefill (2026-12-05), and ours moved by 0.1-0.2 with a change of summation order.
+    # So they must be within 2.5 times llama.cpp's own spread, measured here, the rule of
+    # the logits parity test (test_model.test_real_model_within_llama_noise).
+    again = llama_cpp.Llama(str(coder_path), n_ctx=len(ids) + 8, n_threads=2,
+                            logits_all=True, verbose=False)
+    for t in ids:
+        again.eval([t])
+    top = np.argsort(-theirs)[:20]
+    own_spread = float(np.abs(theirs[top] - log_softmax(again.scores[len(ids) - 1])[top]).max())
     for t in first.top_logprobs:           # the alternatives too
-        alt = next(i for i in np.argsort(-theirs)[:20]
-                   if spelled[i].decode("utf-8", "replace") == t.token)
-        assert abs(t.logprob - theirs[alt]) < 0.05, (t.token, t.logprob, theirs[alt])
+        alt = next(i for i in top if spelled[i].decode("utf-8", "replace") == t.token)
+        assert abs(t.logprob - theirs[alt]) <= max(0.05, 2.5 * own_spread), \
+            (t.token, t.logprob, theirs[alt], own_spread)
+
+
+def log_softmax(row) -> np.ndarray:
+    row = np.array(row, dtype=np.float64)
+    return row - row.max() - np.log(np.exp(row - row.max()).sum())
 
 
 # --- completions ----------------------------------------------------------------------

@@ -31,6 +31,7 @@ from numba.extending import intrinsic
 from . import _jit, isa
 from ._int_matmul import tile_spec
 from ._int_packed import define_packed, has_packed, prep_packed
+from . import _int_smmla  # noqa: F401  (registers the i8mm layout with _int_packed)
 from ._int_matvec import (PREFETCH, ROWS, blk32_row, prep_function, row_function,
                           row_spec)
 from ._ir import I8P, I64, define_matmul, define_matvec, define_prep

@@ -542,12 +542,19 @@ class _KQuant:
             b.store(fma(b, total, dx, b.load(acc)), acc)
 
 
+# The i8mm layout of the 32-element formats, _int_smmla.Blk32Pairs: it builds on _Blk32,
+# so it registers itself here when _int_smmla is imported (_int.py does) instead of this
+# module importing it back (an import cycle).
+PAIRED_LAYOUTS: list = []
+
+
 def _layout(t, level, triple=None):
     if FORMATS[t].block_size == 256:
         return _KQuant(t, level, triple)
     if level == isa.I8MM:
-        from ._int_smmla import Blk32Pairs     # (it builds on _Blk32)
-        return Blk32Pairs(t, level, triple)
+        if not PAIRED_LAYOUTS:
+            raise RuntimeError("import quant._int_smmla before building i8mm kernels")
+        return PAIRED_LAYOUTS[0](t, level, triple)
     return _Blk32(t, level, triple)
 
 
@@ -648,9 +655,8 @@ def _groups(b, lay, args, scratch, ngroup, partial):
             ctx = (lay, x, xst, xd, xdst, xs, xsst, s, ext, sst, y, yst,
                    b.add(col, rg), k0, nb, scratch, c, valid if partial else None)
             tile = tile_rows(lay)
-            rows = _rows
-            if getattr(lay, "mm", False):        # i8mm: rows in pairs (_int_smmla)
-                from ._int_smmla import pair_rows as rows
+            # i8mm: rows in pairs (_int_smmla.pair_rows)
+            rows = lay.emit_rows if getattr(lay, "mm", False) else _rows
             ntile = b.udiv(m, i64(tile))
             with for_range(b, i64(0), ntile) as tt:
                 rows(b, ctx, b.mul(tt, i64(tile)), tile)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from ._int_packed import _Blk32, _f16_lanes, _slot, _store, alloca
+from ._int_packed import PAIRED_LAYOUTS, _Blk32, _f16_lanes, _slot, _store, alloca
 from ._ir import F32, I8, I32, I64, V, concat, fma, for_range, i64, load, shuffle, smmla
 
 N = 16                                  # weight rows per group: 8 pairs
@@ -163,3 +163,6 @@ def pair_rows(b, ctx, t0, count):
         for i in (0, 1) if count > 1 else (0,):
             b.store(from_pairs(b, v, i), outs[2 * k + i], align=4)
 
+
+Blk32Pairs.emit_rows = staticmethod(pair_rows)
+PAIRED_LAYOUTS.append(Blk32Pairs)        # _int_packed._layout builds it at i8mm
