@@ -105,9 +105,11 @@ def skew_routers(path: str | Path, skew: float, seed: int = 0) -> None:
     from .families import FAMILIES
     from .gguf_file import GGUFFile
 
-    arch = GGUFFile(path).get_str("general.architecture")
+    meta = GGUFFile(path)
+    arch = meta.get_str("general.architecture")
     router = "." + FAMILIES[arch].tensor("router").name        # blk.N.<this>
-    k = GGUFFile(path).get_int(f"{arch}.expert_used_count")
+    k = meta.get_int(f"{arch}.expert_used_count")
+    del meta                                  # its read-only map, before the writable one
     reader = GGUFReader(str(path), "r+")
     routers = [t for t in reader.tensors if t.name.endswith(router)]
     rng = np.random.default_rng(seed)
