@@ -39,11 +39,12 @@ The aarch64 levels run 4 lanes (a NEON register) per group: `sdot` in its indexe
 form, each of 4 activation bytes against a weight vector (`_Dot._sdot`), the weights
 signed (no offsets), 4 activation rows per pass (`ARM_TILE`: llvm-mca, Q8_0, 1.02-1.08x
 llama.cpp's `ggml_gemm_q8_0_4x4_q8_0` on Apple M1, Neoverse N1 / V1 and Cortex-A76
-with the Q8_0 family's loads as `ld1` (`_ir.ld1x`); Q4_K 1.21-1.46x its
+with the Q8_0 family's loads as `ld1` (`_ir.ld1x`); Q4_K 1.36-1.59x its
 `ggml_gemm_q4_K_8x4_q8_K`; 8 lanes or 8 rows spilled registers).  At i8mm the
 32-element formats use `smmla` on two activation rows at a time (_int_smmla.py); the
 K-quants run `sdot` as at dotprod, 4 rows too (`tile_rows`; Q4_K: 1.13x llama.cpp's
-`smmla` kernel on Apple M2, 0.96x on Neoverse V1).
+`smmla` kernel on Apple M2, 1.05x on Neoverse V1, where it was 0.96x until a
+sub-block's total became a float without `scvtf`: _ir.unbias).
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -65,10 +66,10 @@ from llvmlite import ir
 from . import isa
 from ._int_matvec import (ROWS, blk32_quants, blk32_signed, prep_x16, q4k_d_dmin,
                           q4k_scales, unsigned_offset)
-from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, call,
-                  concat, const_vec, dpbusd, dpwssd, dpwssd_ir, fma, for_range, i64,
+from ._ir import (F32, I8, I16, I32, MATMUL_ARGTYS, V, _function, alloca, biased_zero,
+                  call, concat, const_vec, dpbusd, dpwssd, dpwssd_ir, fma, for_range, i64,
                   ld1x, load, load_f16, madd, madd_host, maddubs, pmaddwd, prefetch, sdot,
-                  shuffle, splat, x86_triple)
+                  shuffle, splat, unbias, UNBIAS_SCALE, x86_triple)
 from .formats import FORMATS
 
 FORMATS_PACKED = (T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K, T.Q6_K)
@@ -398,7 +399,9 @@ class _KQuant:
     by d_w * sc_s (one fma per sub-block for all lanes' weight rows); Q4_K / Q5_K
     subtract dmin_w * sum_s m_s bsum_s (vpdpwssd on int16 pairs: the prep packs the
     row's sums of 32 as pairs); then one fma by d_x.  Generic: the quant vectors as
-    int16 pairs (16 per 32 elements), Q6_K's as q, without its offset."""
+    int16 pairs (16 per 32 elements), Q6_K's as q, without its offset.  aarch64: the
+    sub-block totals start at the bits of 1.5 and d_w * sc_s is stored times 2**23
+    (`_scale`), the same floats by one vector operation fewer (_ir.unbias)."""
 
     CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB (zmm)
     QK = 256
@@ -476,7 +479,7 @@ class _KQuant:
                 rows = []
                 for p, dw in zip(ptrs, dws):
                     sc = load(b, p, i64(self.fmt.scales_offset + 8 * g), V(I8, 8))
-                    f = b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8)))
+                    f = self._scale(b, b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8))))
                     rows.append(b.bitcast(f, V(I32, 8)))
                 for k, vec in enumerate(transpose(b, rows)):
                     _store(b, scratch, b.add(base, i64(q + 8 * g + k)), vec)
@@ -488,7 +491,7 @@ class _KQuant:
             ddw = q4k_d_dmin(b, raw16)
             d = b.extract_element(ddw, ir.Constant(I32, 0))
             sc = b.uitofp(shuffle(b, sm, sm, range(8)), V(F32, 8))
-            dsc.append(b.bitcast(b.fmul(splat(b, d, 8), sc), V(I32, 8)))
+            dsc.append(b.bitcast(self._scale(b, b.fmul(splat(b, d, 8), sc)), V(I32, 8)))
             m16 = b.zext(shuffle(b, sm, sm, range(8, 16)), V(I16, 8))
             m32 = b.bitcast(m16, V(I32, 4))
             mins.append(shuffle(b, m32, ir.Constant(V(I32, 4), None), range(8)))
@@ -501,6 +504,13 @@ class _KQuant:
         for j, v in enumerate(negdmin):
             nd = b.insert_element(nd, v, ir.Constant(I32, j))
         _store(b, scratch, b.add(base, i64(q + 12)), nd)
+
+    def _scale(self, b, dsc):
+        """d_w * sc_s as `compute` uses it: on aarch64 times 2**23, which its
+        sub-block totals carry as t / 2**23 (_ir.unbias: why)."""
+        if not self.dot.arm:
+            return dsc
+        return b.fmul(dsc, const_vec(F32, dsc.type.count, UNBIAS_SCALE))
 
     def compute(self, b, scratch, base, blk, rows, accs):
         n = self.n
@@ -520,11 +530,14 @@ class _KQuant:
                 if self.ext == 4:                   # lanes start at -32 * sum(x)
                     g = b.add(b.mul(blk, i64(16)), s)
                     tot = _bcast(b, ext, b.mul(g, i64(4)), n)
+                elif self.dot.arm:                  # _ir.unbias: why
+                    tot = biased_zero(n)
                 else:
                     tot = ir.Constant(V(I32, n), None)
                 xo = b.add(b.mul(blk, i64(xbytes)), b.mul(s, i64(4 * per)))
                 tot = self.dot(b, tot, quants, x, xo)
-                b.store(fma(b, dsc, b.sitofp(tot, fv), b.load(a)), a)
+                ft = unbias(b, tot) if self.dot.arm else b.sitofp(tot, fv)
+                b.store(fma(b, dsc, ft, b.load(a)), a)
         if not self.six:
             pairs = [_slot(b, scratch, b.add(base, i64(q + 8 + k)), V(I16, 2 * n))
                      for k in range(4)]
