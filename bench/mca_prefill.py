@@ -32,8 +32,8 @@ Graviton / Neoverse, Raspberry Pi 5's Cortex-A76), at each aarch64 level a CPU m
 has (isa.ARM: dotprod everywhere listed, i8mm on apple-m2 and neoverse-v1):
 
 * fucina's: the level's packed GEMM (Q8_0, and Q4_K with --q4k): `sdot` on 4 weight rows
-  x 4 activation rows at dotprod, `smmla` on 16 weight rows x 2 activation rows at i8mm
-  (Q4_K at i8mm runs `sdot` as at dotprod), its IR built for an aarch64 module and
+  x 4 activation rows at dotprod, `smmla` at i8mm (Q8_0: 16 weight rows x 2 activation
+  rows; Q4_K: 4 x 4, _int_smmla.KQuantPairs), its IR built for an aarch64 module and
   compiled by llvmlite's own LLVM for the level's target (`isa.target`: "generic" +
   its features) with each CPU model's scheduling, as the engine's JIT would there;
   the loop of its full tiles, the one a prompt's rows run through (`full_tiles_only`;

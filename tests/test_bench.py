@@ -217,13 +217,15 @@ def test_mca_compiles_the_arm_levels_packed_gemm():
     assert sum(t.split()[0] == "smmla" for t in loop) == 32
     assert set(mca.ARM_LEVELS["apple-m2"]) == {isa.DOTPROD, isa.I8MM}
     assert mca.LLAMA_ARM[("Q8_0", isa.I8MM)] == ("ggml_gemm_q8_0_4x8_q8_0", "smmla")
-    # Q4_K: sdot at i8mm too, and each sub-block's total leaves the integers without
+    # Q4_K: `smmla` at i8mm (4 activation rows x 4 weight rows, _int_smmla.KQuantPairs)
+    # and `sdot` at dotprod; each sub-block's total leaves the integers without
     # `scvtf` (two micro-ops on V1): it starts at the bits of 1.5 (`_ir.unbias`)
-    loop = mca.fucina_loop_arm("neoverse-v1", isa.I8MM, "Q4_K")
-    assert mca.macs(loop) == ARM_TILE * lanes(isa.I8MM) * 32 == 512
-    names = [t.split()[0] for t in loop]
-    assert names.count("sdot") == 32 and "scvtf" not in names, names
-    assert any(n == "fmov" and "#1.5" in t for n, t in zip(names, loop)), loop
+    for level, dot, count in ((isa.I8MM, "smmla", 16), (isa.DOTPROD, "sdot", 32)):
+        loop = mca.fucina_loop_arm("neoverse-v1", level, "Q4_K")
+        names = [t.split()[0] for t in loop]
+        assert mca.macs(loop) == 4 * 4 * 32, (level, names)
+        assert names.count(dot) == count and "scvtf" not in names, (level, names)
+        assert any(n == "fmov" and "#1.5" in t for n, t in zip(names, loop)), loop
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"),

@@ -41,10 +41,10 @@ signed (no offsets), 4 activation rows per pass (`ARM_TILE`: llvm-mca, Q8_0, 1.0
 llama.cpp's `ggml_gemm_q8_0_4x4_q8_0` on Apple M1, Neoverse N1 / V1 and Cortex-A76
 with the Q8_0 family's loads as `ld1` (`_ir.ld1x`); Q4_K 1.36-1.59x its
 `ggml_gemm_q4_K_8x4_q8_K`; 8 lanes or 8 rows spilled registers).  At i8mm the
-32-element formats use `smmla` on two activation rows at a time (_int_smmla.py); the
-K-quants run `sdot` as at dotprod, 4 rows too (`tile_rows`; Q4_K: 1.13x llama.cpp's
-`smmla` kernel on Apple M2, 1.05x on Neoverse V1, where it was 0.96x until a
-sub-block's total became a float without `scvtf`: _ir.unbias).
+integer formats use `smmla` on two activation rows at a time (_int_smmla.py: Q8_0
+1.07-1.12x llama.cpp's `ggml_gemm_q8_0_4x8_q8_0` on Apple M2 and Neoverse V1; Q4_K
+1.28-1.38x its `ggml_gemm_q4_K_8x8_q8_K`, where `sdot` in dotprod's loop was 0.96x on
+V1).
 
 Numerics: each block's (K-quants: each sub-block's) total is the exact integer sum_j
 u_j x_j, the weights as their unsigned u = q + off and the activations signed, the
@@ -87,14 +87,12 @@ I8MM_TILE = 2
 
 
 def tile_rows(lay) -> int:
-    """Activation rows per pass of layout `lay`: TILE, or ARM_TILE on aarch64, or
-    I8MM_TILE for the `smmla` layouts (`lay.mm`, _int_smmla.py).  The K-quants at
-    i8mm run `sdot` in dotprod's layout, so they take dotprod's 4 rows: with i8mm's 2
-    their sub-block loop loaded a block's 8 quant vectors for 2 rows' 16 `sdot`
-    instead of 4 rows' 32 (llvm-mca, Q4_K on Neoverse V1: 42.0 -> 42.4 MACs/cycle,
-    Apple M2 34.4 -> 34.7; the results do not depend on the tile)."""
+    """Activation rows per pass of layout `lay`: TILE, or ARM_TILE on aarch64, or the
+    `smmla` layouts' own (`lay.mm`, _int_smmla.py: I8MM_TILE for the 32-element
+    formats, 4 for the K-quants, whose sub-block loop LLVM unrolled whole with 2 and
+    then ran at a third of the rate; llvm-mca, Q4_K on Neoverse V1)."""
     if getattr(lay, "mm", False):
-        return I8MM_TILE
+        return lay.tile
     return ARM_TILE if isa.is_arm(lay.level) else TILE
 
 
@@ -414,7 +412,8 @@ class _KQuant:
         self.signed_q = self.wide or self.dot.arm    # Q6_K: q - 32, no offsets
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
         self.qvecs = 128 if self.wide else 64        # quant vectors per super-block
-        self.VECS = self.qvecs + self.nsub + (0 if self.six else 5)
+        self.dscs = self.nsub                       # slots of the d_w * sc_s
+        self.VECS = self.qvecs + self.dscs + (0 if self.six else 5)
         # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes; generic: none, the
         # weights are signed); Q4_K/Q5_K the sums of 32 as int16 pairs (n / 16 bytes)
         self.ext = (None if self.signed_q else 4) if self.six else 16
@@ -469,7 +468,7 @@ class _KQuant:
             rows = [b.bitcast(self._sub_quants(b, p, v), V(I8, 32)) for p in ptrs]
             if self.signed_q and self.six:
                 rows = [b.sub(r, const_vec(I8, 32, 32)) for r in rows]
-            for k, vec in enumerate(_lane_vectors(b, rows, self.wide)):
+            for k, vec in enumerate(self._quant_vectors(b, rows)):
                 _store(b, scratch, b.add(base, b.add(b.mul(v, i64(per32)), i64(k))),
                        vec)
         q = self.qvecs
@@ -482,7 +481,7 @@ class _KQuant:
                     f = self._scale(b, b.fmul(splat(b, dw, 8), b.sitofp(sc, V(F32, 8))))
                     rows.append(b.bitcast(f, V(I32, 8)))
                 for k, vec in enumerate(transpose(b, rows)):
-                    _store(b, scratch, b.add(base, i64(q + 8 * g + k)), vec)
+                    self._store_dsc(b, scratch, base, 8 * g + k, vec)
             return
         dsc, mins, negdmin = [], [], []
         for p in ptrs:
@@ -497,13 +496,22 @@ class _KQuant:
             mins.append(shuffle(b, m32, ir.Constant(V(I32, 4), None), range(8)))
             negdmin.append(b.fneg(b.extract_element(ddw, ir.Constant(I32, 1))))
         for k, vec in enumerate(transpose(b, dsc)):
-            _store(b, scratch, b.add(base, i64(q + k)), vec)
+            self._store_dsc(b, scratch, base, k, vec)
+        q += self.dscs                              # the mins' slots, then -dmin_w's
         for k, vec in enumerate(transpose(b, mins)[:4]):
-            _store(b, scratch, b.add(base, i64(q + 8 + k)), vec)
+            _store(b, scratch, b.add(base, i64(q + k)), vec)
         nd = ir.Constant(V(F32, self.n), ir.Undefined)
         for j, v in enumerate(negdmin):
             nd = b.insert_element(nd, v, ir.Constant(I32, j))
-        _store(b, scratch, b.add(base, i64(q + 12)), nd)
+        _store(b, scratch, b.add(base, i64(q + 4)), nd)
+
+    def _quant_vectors(self, b, rows):
+        """The scratch vectors of 32 elements of the group's rows (<32 x i8> each)."""
+        return _lane_vectors(b, rows, self.wide)
+
+    def _store_dsc(self, b, scratch, base, k, vec):
+        """Sub-block k's d_w * sc_s (a lane per weight row) into its slot."""
+        _store(b, scratch, b.add(base, i64(self.qvecs + k)), vec)
 
     def _scale(self, b, dsc):
         """d_w * sc_s as `compute` uses it: on aarch64 times 2**23, which its
@@ -539,36 +547,46 @@ class _KQuant:
                 ft = unbias(b, tot) if self.dot.arm else b.sitofp(tot, fv)
                 b.store(fma(b, dsc, ft, b.load(a)), a)
         if not self.six:
-            pairs = [_slot(b, scratch, b.add(base, i64(q + 8 + k)), V(I16, 2 * n))
-                     for k in range(4)]
-            negdmin = _slot(b, scratch, b.add(base, i64(q + 12)), fv)
+            pairs, negdmin = self._mins(b, scratch, base)
         for (x, xd, xs, ext), a, acc in zip(rows, sub, accs):
             total = b.load(a)
             if not self.six:
-                msum = ir.Constant(V(I32, n), None)
-                for k in range(4):
-                    pair = b.add(b.mul(blk, i64(4)), i64(k))
-                    bp = _bcast(b, ext, b.mul(pair, i64(4)), n)
-                    msum = _dpwssd(b, self.level, msum, pairs[k], bp)
+                msum = self._msum(b, blk, ext, pairs)
                 total = fma(b, negdmin, b.sitofp(msum, fv), total)
             dx = _bcast(b, xd, b.mul(blk, i64(4)), n, F32)
             b.store(fma(b, total, dx, b.load(acc)), acc)
 
+    def _mins(self, b, scratch, base):
+        """Q4_K / Q5_K: the mins as int16 pairs (4 vectors), and -dmin_w."""
+        q = self.qvecs + self.dscs
+        pairs = [_slot(b, scratch, b.add(base, i64(q + k)), V(I16, 2 * self.n))
+                 for k in range(4)]
+        return pairs, _slot(b, scratch, b.add(base, i64(q + 4)), V(F32, self.n))
 
-# The i8mm layout of the 32-element formats, _int_smmla.Blk32Pairs: it builds on _Blk32,
-# so it registers itself here when _int_smmla is imported (_int.py does) instead of this
-# module importing it back (an import cycle).
-PAIRED_LAYOUTS: list = []
+    def _msum(self, b, blk, ext, pairs):
+        """sum_s m_s bsum_s of super-block blk, a lane per weight row (int32)."""
+        n = self.n
+        msum = ir.Constant(V(I32, n), None)
+        for k in range(4):
+            pair = b.add(b.mul(blk, i64(4)), i64(k))
+            bp = _bcast(b, ext, b.mul(pair, i64(4)), n)
+            msum = _dpwssd(b, self.level, msum, pairs[k], bp)
+        return msum
+
+
+# The i8mm layouts, by block size: _int_smmla.Blk32Pairs and KQuantPairs build on _Blk32
+# and _KQuant, so they register themselves here when _int_smmla is imported (_int.py
+# does) instead of this module importing it back (an import cycle).
+PAIRED_LAYOUTS: dict = {}
 
 
 def _layout(t, level, triple=None):
-    if FORMATS[t].block_size == 256:
-        return _KQuant(t, level, triple)
+    qk = FORMATS[t].block_size
     if level == isa.I8MM:
-        if not PAIRED_LAYOUTS:
+        if qk not in PAIRED_LAYOUTS:
             raise RuntimeError("import quant._int_smmla before building i8mm kernels")
-        return PAIRED_LAYOUTS[0](t, level, triple)
-    return _Blk32(t, level, triple)
+        return PAIRED_LAYOUTS[qk](t, level, triple)
+    return _KQuant(t, level, triple) if qk == 256 else _Blk32(t, level, triple)
 
 
 def _ext_at(b, lay, n):

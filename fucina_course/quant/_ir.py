@@ -199,21 +199,22 @@ def sdot(builder, level, acc, q, x):
 
 
 # aarch64: a dot product's exact int32 total t as a float in one vector operation, not
-# `scvtf`'s two on Neoverse V1 (llvm-mca: the Q4_K packed GEMM's loop from 48 vector
-# micro-ops per 4 rows x 32 elements to 44, 0.96x -> 1.05x llama.cpp's `smmla`
-# kernel; docs/BENCHMARKS.md, the aarch64 levels).  The dot product starts at the bits
-# of the float 1.5 (`biased_zero`: one `fmov v.4s, #1.5`, as cheap as the `movi` of a
-# zero) and ends at their integer sum, the bits of the float 1.5 + t / 2**23 exactly
-# while |t| < 2**22 (one ulp is 2**-23 in [1, 2)); `unbias` subtracts 1.5, exactly,
-# leaving t / 2**23, and the caller's scale carries the 2**23 (`UNBIAS_SCALE`):
-# fma(s * 2**23, t / 2**23, acc) is fma(s, float(t), acc) bit for bit, as long as
-# s * 2**23 is exact.  So only the K-quants use it, whose s = d_w * sc_s (an f16 times
-# a 6- or 8-bit integer) is far from float32's limits; the 32-element formats' d_w *
-# d_x could underflow, and they were ahead already.  A start at the bits of 1.5 *
-# 2**23 (no scale to carry) saved the same on V1 but cost Apple M1, whose `scvtf` is
-# one micro-op: `movi` cannot make that constant, and LLVM, short of registers,
-# rebuilt it in the loop (14.8 -> 16.1 cycles).  Every sub-block total fits: |t| <=
-# 32 x 31 x 128 (Q5_K).
+# `scvtf`'s two on Neoverse N1 / V1 (llvm-mca: the K-quants' packed GEMM at dotprod,
+# 48 vector micro-ops per 4 rows x 4 weight rows x 32 elements -> 44; Q4_K against
+# llama.cpp's `sdot` kernel, N1 1.46x -> 1.59x, V1 1.33x -> 1.45x, Cortex-A76 1.37x ->
+# 1.43x, Apple M1 unchanged; docs/BENCHMARKS.md, the aarch64 levels).  The dot product
+# starts at the bits of the float 1.5 (`biased_zero`: one `fmov v.4s, #1.5`, as cheap
+# as the `movi` of a zero) and ends at their integer sum, the bits of the float 1.5 +
+# t / 2**23 exactly while |t| < 2**22 (one ulp is 2**-23 in [1, 2)); `unbias`
+# subtracts 1.5, exactly, leaving t / 2**23, and the caller's scale carries the 2**23
+# (`UNBIAS_SCALE`): fma(s * 2**23, t / 2**23, acc) is fma(s, float(t), acc) bit for
+# bit, as long as s * 2**23 is exact.  So only the K-quants use it (`sdot` and
+# `smmla` alike), whose s = d_w * sc_s (an f16 times a 6- or 8-bit integer) is far
+# from float32's limits; the 32-element formats' d_w * d_x could underflow.  A start
+# at the bits of 1.5 * 2**23 (no scale to carry) saved the same on V1 but cost Apple
+# M1, whose `scvtf` is one micro-op: `movi` cannot make that constant, and LLVM,
+# short of registers, rebuilt it in the loop (14.8 -> 16.1 cycles).  Every sub-block
+# total fits: |t| <= 32 x 31 x 128 (Q5_K).
 BIAS = 1.5
 BIAS_BITS = 0x3FC00000
 UNBIAS_SCALE = 2.0 ** 23
