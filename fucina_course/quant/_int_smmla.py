@@ -116,8 +116,8 @@ class Blk32Pairs(_Blk32):
         self.store_scales(b, ptrs, scratch, base)
 
     def compute_pairs(self, b, scratch, base, blk, pairs, accs):
-        """pairs: ((x, xd, xs) of row 0, of row 1) per pair; accs: their <16 x f32>
-        pair-layout accumulators."""
+        """pairs: ((x, xd, xs, ext) of row 0, of row 1) per pair (ext unused here);
+        accs: their <2N x f32> pair-layout accumulators."""
         n, np_ = self.n, self.n // 2
         per = n // 4                                 # operands per 4 n-byte slot
         vecs = []
