@@ -172,21 +172,26 @@ def test_mca_reads_aarch64_loops_and_their_dot_products():
         mca.innermost_loop(asm, "f", "smmla")
 
 
-def test_mca_compiles_the_generic_packed_gemm_for_aarch64():
-    # the generic level's tile loop as LLVM compiles it for an Apple M1: 8 activation
-    # rows x 8 weight rows x 32 elements, on NEON's widening multiply-adds (no x86
-    # intrinsic leaks into an aarch64 module)
+def _arm_mca():
+    """bench/mca_prefill.py, or a skip where this llvmlite has no AArch64 back end."""
     import llvmlite.binding as ll
-
-    from fucina_course.quant import isa
-    from fucina_course.quant._int_packed import TILE, lanes
 
     ll.initialize_all_targets()
     try:
         ll.Target.from_triple("aarch64-unknown-linux-gnu")
     except RuntimeError:
         pytest.skip("this llvmlite has no AArch64 target")
-    mca = _bench_script("mca_prefill")
+    return _bench_script("mca_prefill")
+
+
+def test_mca_compiles_the_generic_packed_gemm_for_aarch64():
+    # the generic level's tile loop as LLVM compiles it for an Apple M1: 8 activation
+    # rows x 8 weight rows x 32 elements, on NEON's widening multiply-adds (no x86
+    # intrinsic leaks into an aarch64 module)
+    from fucina_course.quant import isa
+    from fucina_course.quant._int_packed import TILE, lanes
+
+    mca = _arm_mca()
     loop = mca.fucina_loop_arm("apple-m1")
     assert mca.macs(loop) == TILE * lanes(isa.GENERIC) * 32 == 2048
     assert not any("pmadd" in t for t in loop)
@@ -196,18 +201,11 @@ def test_mca_compiles_the_arm_levels_packed_gemm():
     # --arm at the aarch64 levels: Q8_0's loop is `sdot` at dotprod (4 activation rows
     # x 4 weight rows x 32 elements, no smmla) and `smmla` at i8mm (2 rows x 16 weight
     # rows x 32); each CPU model has its levels, and llama.cpp's kernel per level
-    import llvmlite.binding as ll
-
     from fucina_course.quant import isa
     from fucina_course.quant._int_packed import ARM_TILE, I8MM_TILE, lanes
     from fucina_course.quant._int_smmla import N
 
-    ll.initialize_all_targets()
-    try:
-        ll.Target.from_triple("aarch64-unknown-linux-gnu")
-    except RuntimeError:
-        pytest.skip("this llvmlite has no AArch64 target")
-    mca = _bench_script("mca_prefill")
+    mca = _arm_mca()
     loop = mca.fucina_loop_arm("neoverse-n1", isa.DOTPROD)
     assert mca.macs(loop) == ARM_TILE * lanes(isa.DOTPROD) * 32 == 512
     assert any(t.split()[0] == "sdot" for t in loop)

@@ -403,6 +403,7 @@ class _KQuant:
 
     CHUNK = 8           # super-blocks repacked at a time: 8 x 4.9-5 KB (zmm)
     QK = 256
+    DSC_SLOTS = 1       # scratch slots per sub-block's d_w * sc_s
 
     def __init__(self, t, level, triple=None):
         self.t, self.fmt, self.level, self.n = t, FORMATS[t], level, lanes(level)
@@ -412,7 +413,7 @@ class _KQuant:
         self.signed_q = self.wide or self.dot.arm    # Q6_K: q - 32, no offsets
         self.nsub = 16 if self.six else 8            # sub-blocks per super-block
         self.qvecs = 128 if self.wide else 64        # quant vectors per super-block
-        self.dscs = self.nsub                       # slots of the d_w * sc_s
+        self.dscs = self.nsub * self.DSC_SLOTS      # slots of the d_w * sc_s
         self.VECS = self.qvecs + self.dscs + (0 if self.six else 5)
         # prep: Q6_K -32 * (sum of 16) as i32 (n / 4 bytes; generic: none, the
         # weights are signed); Q4_K/Q5_K the sums of 32 as int16 pairs (n / 16 bytes)

@@ -72,6 +72,18 @@ def rows_to_pairs(b, v0, v1):
                                for L in range(2 * n)])
 
 
+def store_pairs(b, scratch, index, v):
+    """A <2n x T> pair-layout vector into two scratch slots from `index` (i64)."""
+    n = v.type.count // 2
+    for h in (0, 1):
+        _store(b, scratch, b.add(index, i64(h)), shuffle(b, v, v, range(n * h, n * h + n)))
+
+
+def load_pairs(b, scratch, index, n):
+    """<2n x f32>: the two slots from `index` (i64) that `store_pairs` filled."""
+    return concat(b, [_slot(b, scratch, b.add(index, i64(h)), V(F32, n)) for h in (0, 1)])
+
+
 def from_pairs(b, v, i):
     """<N x f32>: activation row i's lanes (its weight rows) of a pair-layout vector."""
     n = v.type.count // 2
@@ -96,14 +108,8 @@ class Blk32Pairs(_Blk32):
         for slot, off in ((self.dslot, self.fmt.d_offset),
                           (self.dslot + 2, self.fmt.m_offset)):
             if off is not None:
-                v = to_pairs(b, _f16_lanes(b, ptrs, off))
-                for h in (0, 1):
-                    _store(b, scratch, b.add(base, i64(slot + h)),
-                           shuffle(b, v, v, range(self.n * h, self.n * h + self.n)))
-
-    def _pair_slots(self, b, scratch, base, slot):
-        return concat(b, [_slot(b, scratch, b.add(base, i64(slot + h)), V(F32, self.n))
-                          for h in (0, 1)])
+                store_pairs(b, scratch, b.add(base, i64(slot)),
+                            to_pairs(b, _f16_lanes(b, ptrs, off)))
 
     def repack(self, b, ptrs, scratch, base):
         from ._int_matvec import blk32_quants, blk32_signed
@@ -124,8 +130,8 @@ class Blk32Pairs(_Blk32):
         for k in range(8):
             v = _slot(b, scratch, b.add(base, i64(k)), V(I8, 4 * n))
             vecs += [shuffle(b, v, v, range(16 * h, 16 * h + 16)) for h in range(per)]
-        dw = self._pair_slots(b, scratch, base, self.dslot)
-        mw = (self._pair_slots(b, scratch, base, self.dslot + 2)
+        dw = load_pairs(b, scratch, b.add(base, i64(self.dslot)), n)
+        mw = (load_pairs(b, scratch, b.add(base, i64(self.dslot + 2)), n)
               if self.fmt.m_offset is not None else None)
         zero = ir.Constant(V(I32, 4), None)
         for rows, acc in zip(pairs, accs):
@@ -201,21 +207,17 @@ class KQuantPairs(_KQuant):
 
     mm = True
     tile = 4
+    DSC_SLOTS = 2                                   # d_w * sc_s in the pair layout
 
     def __init__(self, t, level, triple=None):
         super().__init__(t, level, triple)
         assert self.dot.arm and not self.wide
-        self.dscs = 2 * self.nsub                   # d_w * sc_s in the pair layout
-        self.VECS = self.qvecs + self.dscs + (0 if self.six else 5)
 
     def _quant_vectors(self, b, rows):
         return pair_vectors(b, rows)
 
     def _store_dsc(self, b, scratch, base, k, vec):
-        v = to_pairs(b, vec)
-        for h in (0, 1):
-            _store(b, scratch, b.add(base, i64(self.qvecs + 2 * k + h)),
-                   shuffle(b, v, v, range(self.n * h, self.n * h + self.n)))
+        store_pairs(b, scratch, b.add(base, i64(self.qvecs + 2 * k)), to_pairs(b, vec))
 
     def compute_pairs(self, b, scratch, base, blk, pairs, accs):
         """pairs: ((x, xd, xs, ext) of row 0, of row 1) per pair; accs: their
@@ -231,8 +233,8 @@ class KQuantPairs(_KQuant):
         with for_range(b, i64(0), i64(self.nsub)) as s:
             sb = b.add(base, b.mul(s, i64(per)))
             vecs = [_slot(b, scratch, b.add(sb, i64(k)), V(I8, 16)) for k in range(per)]
-            dsc = concat(b, [_slot(b, scratch, b.add(base, b.add(
-                i64(self.qvecs + h), b.mul(s, i64(2)))), V(F32, n)) for h in (0, 1)])
+            dsc = load_pairs(b, scratch, b.add(base, b.add(i64(self.qvecs),
+                                                           b.mul(s, i64(2)))), n)
             xo = b.add(b.mul(blk, i64(256)), b.mul(s, i64(xbytes)))
             for rows, a in zip(pairs, subs):
                 xs64 = [load(b, r[0], xo, V(I64, xq)) for r in rows]
