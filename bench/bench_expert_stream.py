@@ -99,11 +99,7 @@ def top_fifth_share(path: str, tokens: int = 128) -> float:
     ids = np.random.default_rng(7).integers(1000, 100_000, tokens).tolist()
     with moe.recording(model) as log:
         model.forward_all_logits(ids)
-    shares = []
-    for layer in range(len(model.layers)):
-        counts = np.sort(log.load(layer))[::-1]
-        shares.append(counts[:len(counts) // 5].sum() / counts.sum())
-    return float(np.mean(shares))
+    return log.top_share(0.2)
 
 
 def expert_read_bandwidth(path: str, experts: int = 384, seed: int = 0) -> float:

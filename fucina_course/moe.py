@@ -188,6 +188,17 @@ class RoutingLog:
         """Distinct experts each forward call of `layer` ran (= expert weights read)."""
         return [len(np.unique(e[e >= 0])) for e in self.experts[layer]]
 
+    def top_share(self, fraction: float = 0.2) -> float:
+        """The share of the routes that each layer's `fraction` most used experts
+        took, averaged over the layers: `fraction` itself for a perfectly even router,
+        1 if a few experts serve every token.  How much an expert cache of that size
+        could hold (chapter 15, bench/bench_expert_stream.py)."""
+        shares = []
+        for layer in range(self.layers):
+            counts = np.sort(self.load(layer))[::-1]
+            shares.append(counts[:int(len(counts) * fraction)].sum() / counts.sum())
+        return float(np.mean(shares))
+
 
 class MoeFfn(Watched):
     """The FFN of a MoE layer: h `[n, hidden]` -> `[n, hidden]`, like `DenseFfn`.

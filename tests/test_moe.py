@@ -215,6 +215,16 @@ def test_routing_log(moe_q8):
         assert np.concatenate(log.logits[layer]).shape == (30, 8)
 
 
+def test_routing_log_top_share():
+    # 10 experts, so the top 20% are 2: layer 0 serves 6 + 2 of 10 routes with its two
+    # busiest (0.8), layer 1 routes evenly (0.2); dropped slots (-1) do not count
+    log = moe.RoutingLog(layers=2, n_experts=10)
+    log.experts[0].append(np.array([[0, 0], [0, 0], [0, 0], [1, 1], [2, 3], [-1, -1]]))
+    log.experts[1].append(np.arange(10).reshape(5, 2))
+    assert log.top_share(0.2) == pytest.approx((0.8 + 0.2) / 2)
+    assert log.top_share(0.5) == pytest.approx((1.0 + 0.5) / 2)
+
+
 # --- against llama.cpp ----------------------------------------------------------------
 
 def router_near_ties(log: "moe.RoutingLog", k: int, row: int) -> list:
